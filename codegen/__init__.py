@@ -1,0 +1,1 @@
+"""Lowering of instantiated programs to executables: BLAS calls, TVM eOperators, measurement."""

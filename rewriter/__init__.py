@@ -1,0 +1,53 @@
+"""rewriter: a derivation-based tensor program superoptimizer (OLLIE on equality saturation).
+
+    from rewriter import parse, evaluate, conv2d, ...
+
+The IR lives in ``rewriter.ir``, the notation in ``rewriter.printer``/``rewriter.parser``, the
+reference semantics in ``rewriter.reference``, the index algebra in ``rewriter.indexing``.
+"""
+
+from . import builders
+from .builders import *  # noqa: F401,F403  (matmul, conv2d, ..., einsum: see builders.__all__)
+from .errors import ExpressionError
+from .reference import evaluate
+from .ir import (
+    Access,
+    Binary,
+    Index,
+    IndexNeg,
+    IndexOp,
+    Iterator,
+    Lit,
+    Num,
+    Program,
+    Scalar,
+    Scope,
+    Tensor,
+    Unary,
+    Var,
+    tensor_shapes,
+)
+from .parser import parse, parse_program
+
+__all__ = [
+    *builders.__all__,
+    "ExpressionError",
+    "evaluate",
+    "parse",
+    "parse_program",
+    "tensor_shapes",
+    "Access",
+    "Binary",
+    "Index",
+    "IndexNeg",
+    "IndexOp",
+    "Iterator",
+    "Lit",
+    "Num",
+    "Program",
+    "Scalar",
+    "Scope",
+    "Tensor",
+    "Unary",
+    "Var",
+]

@@ -1,0 +1,111 @@
+"""The ``rewriter`` command line.
+
+    rewriter cases [--show NAME]               parse, print and evaluate the public cases
+    rewriter eval "EXPRESSION" --shape A=2,3 --shape B=3,4 [--input A=a.npy] [--out y.npy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .cases import PUBLIC_CASES, CASES
+from .errors import ExpressionError
+from .reference import evaluate
+from .ir import tensor_shapes
+from .parser import parse
+
+
+def _random_inputs(shapes: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+
+
+def cmd_cases(args, console: Console) -> int:
+    if args.show and args.show not in CASES:
+        raise ExpressionError(f"unknown case {args.show!r}; known: {', '.join(CASES)}")
+    table = Table(title="Public cases: parse, print, evaluate")
+    for column in ("case", "inputs", "output", "round-trip", "evaluate ms"):
+        table.add_column(column, no_wrap=True)
+    for case in PUBLIC_CASES:
+        shapes = case.shapes
+        expr = parse(case.text, shapes)
+        round_trip = str(expr) == case.text and parse(str(expr), shapes) == expr
+        inputs = _random_inputs(shapes)
+        start = time.perf_counter()
+        out = evaluate(expr, inputs)
+        elapsed = (time.perf_counter() - start) * 1e3
+        inputs_text = " ".join(f"{n}{tuple(s)}".replace(" ", "") for n, s in shapes.items())
+        table.add_row(case.name, inputs_text, str(out.shape).replace(" ", ""), "yes" if round_trip else "NO", f"{elapsed:.1f}")
+    console.print(table)
+    if args.show:
+        _show(CASES[args.show], console)
+    return 0
+
+
+def _show(case, console: Console) -> None:
+    expr = case.expression()
+    out = evaluate(expr, _random_inputs(case.shapes))
+    console.print(f"\n[bold]{case.name}[/bold]: {case.source}")
+    console.print(f"  expression  {expr}", markup=False, highlight=False, soft_wrap=True)
+    for name, shape in tensor_shapes(expr).items():
+        console.print(f"  input       {name}: {shape}", markup=False)
+    console.print(f"  output      shape {out.shape}, mean {out.mean():.4f}, std {out.std():.4f}")
+    console.print(f"  first row   {np.array2string(out.reshape(-1)[:6], precision=3)}", markup=False)
+
+
+def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    name, _, dims = text.partition("=")
+    if not name or not dims:
+        raise ExpressionError(f"--shape expects NAME=D1,D2,..., got {text!r}")
+    try:
+        return name, tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        raise ExpressionError(f"--shape {text!r}: dimensions must be integers") from None
+
+
+def cmd_eval(args, console: Console) -> int:
+    shapes = dict(_parse_shape(s) for s in args.shape)
+    expr = parse(args.expression, shapes)
+    inputs = _random_inputs(shapes, args.seed)
+    for item in args.input:
+        name, _, path = item.partition("=")
+        inputs[name] = np.load(path)
+    out = evaluate(expr, inputs)
+    console.print(str(expr), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"output shape {out.shape}, mean {out.mean():.6g}, std {out.std():.6g}")
+    if args.out:
+        np.save(args.out, out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rewriter", description="Derivation-based tensor program optimizer.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cases = sub.add_parser("cases", help="parse, print and evaluate the public cases")
+    cases.add_argument("--show", metavar="NAME", help="print one case in full")
+    ev = sub.add_parser("eval", help="evaluate an expression with the reference semantics")
+    ev.add_argument("expression")
+    ev.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2")
+    ev.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    ev.add_argument("--out", metavar="FILE.npy")
+    ev.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # pipes and CI logs: do not squeeze the tables to 80 columns
+    try:
+        return {"cases": cmd_cases, "eval": cmd_eval}[args.command](args, console)
+    except ExpressionError as err:
+        console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
