@@ -490,8 +490,8 @@ def _broadcast_shape(ops: list[_Operand]) -> tuple[int, ...]:
 def _map(fn: Callable[..., Scalar], values: list) -> Scope:
     """``L i0, i1, ... ; fn(reads)``: operands broadcast as numpy does, numbers are constants.
 
-    An operand with fewer axes lines up with the trailing output axes; a size-1 axis against a
-    larger output axis is read at index 0.
+    An operand with fewer axes lines up with the trailing output axes; a size-1 axis is read at
+    index 0 (whatever the output's size there, so a size-1 iterator never indexes an operand).
     """
     ops = [v for v in values if isinstance(v, _Operand)]
     shape = _broadcast_shape(ops)
@@ -501,8 +501,7 @@ def _map(fn: Callable[..., Scalar], values: list) -> Scope:
         if not isinstance(value, _Operand):
             return Num(value)
         lead = len(shape) - value.rank
-        return value.read(*(Lit(0) if size == 1 and shape[lead + k] != 1 else Var(names[lead + k])
-                            for k, size in enumerate(value.shape)))
+        return value.read(*(Lit(0) if size == 1 else Var(names[lead + k]) for k, size in enumerate(value.shape)))
 
     return Scope(_its(*zip(names, shape)), (), fn(*(read(v) for v in values)))
 

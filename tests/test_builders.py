@@ -136,6 +136,16 @@ def test_scopes_compose():
     np.testing.assert_allclose(out, np.maximum(x["A"][1:4], 0))
 
 
+def test_size_one_axes():
+    # a size-1 iterator used in an index (batch_matmul with one row, a summed axis of size 1)
+    out, x = run(batch_matmul((2, 1, 3), (2, 3, 1)))
+    np.testing.assert_allclose(out, np.matmul(x["A"], x["B"]))
+    out, x = run(reduce_sum((2, 1, 3), 1))
+    np.testing.assert_allclose(out, x["A"].sum(axis=1))
+    out, x = run(add((2, 1, 3), (2, 1, 1)))
+    np.testing.assert_allclose(out, x["A"] + x["B"])
+
+
 @pytest.mark.parametrize(
     "subscripts, shapes",
     [
@@ -386,7 +396,7 @@ def test_layer_norm_against_torch():
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: matmul((2, 3), (3, 4), transpose_b=True) if False else matmul((2, 3), (4, 3), transpose_b=True),
+        lambda: matmul((2, 3), (4, 3), transpose_b=True),
         lambda: batch_matmul((2, 3, 4), (2, 4, 5)),
         lambda: conv2d((1, 4, 6, 6), (4, 2, 3, 3), stride=2, padding=1, dilation=2, groups=2),
         lambda: conv2d((1, 6, 6, 4), (3, 3, 4, 1), padding=(1, 0), groups=4, layout="NHWC"),

@@ -1,0 +1,309 @@
+"""Explorative derivation (OLLIE Algorithm 2, explorative part) with exact fingerprints.
+
+``explore(expr, max_depth)`` applies every registered explorative rule to every scope of every
+state, level by level (breadth first): a state's depth is the least number of explorative rule
+applications that reaches it. Eager rules run to a fixpoint after each step and cost no depth.
+States are deduplicated by their exact fingerprint (``rewriter.fingerprint``). Because levels are
+complete before the next one starts, the set of states found with ``max_depth = d`` is contained
+in the set found with any larger depth: a state is never pruned because it was first seen near the
+limit (the failure OLLIE's DFS has at depth 10).
+
+Every new state is added to the e-graph (``rewriter.egraph``) in canonical form and unioned with
+the scope it was derived from, so congruence shares sub-expressions across derivations and
+extraction can read the result later.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterator as PyIterator, Sequence
+
+from .dsl import Rule, registered
+from .errors import ExpressionError
+from .fingerprint import canonical, fingerprint
+from .ir import Access, Binary, Scalar, Scope, Unary, accesses
+
+Position = tuple[int, ...]  # access numbers (left to right) leading from the root to a nested scope
+
+
+# --------------------------------------------------------------------------------------------
+# Positions: the scopes inside an expression
+
+
+def scopes_at(expr: Scope, position: Position = ()) -> PyIterator[tuple[Position, Scope]]:
+    """The root scope and every nested scope, each with its position (pre-order)."""
+    yield position, expr
+    for number, access in enumerate(accesses(expr.body)):
+        if isinstance(access.source, Scope):
+            yield from scopes_at(access.source, position + (number,))
+
+
+def replace_at(expr: Scope, position: Position, new: Scope) -> Scope:
+    """``expr`` with the scope at ``position`` replaced by ``new``."""
+    if not position:
+        return new
+    counter = iter(range(1 << 30))
+    target, rest = position[0], position[1:]
+
+    def rebuild(body: Scalar) -> Scalar:
+        match body:
+            case Access(source, indices):
+                if next(counter) == target:
+                    return Access(replace_at(source, rest, new), indices)  # type: ignore[arg-type]
+                return body
+            case Unary(fn, arg):
+                return Unary(fn, rebuild(arg))
+            case Binary(op, lhs, rhs):
+                lhs = rebuild(lhs)
+                return Binary(op, lhs, rebuild(rhs))
+        return body
+
+    return Scope(expr.traversal, expr.summation, rebuild(expr.body), expr.reduce)
+
+
+# --------------------------------------------------------------------------------------------
+# States and paths
+
+
+@dataclass(frozen=True)
+class Step:
+    rule: str
+    kind: str
+    position: Position
+    result: Scope  # the whole expression after this step
+
+    def __str__(self) -> str:
+        where = "root" if not self.position else "scope at " + ".".join(map(str, self.position))
+        return f"{self.rule} ({self.kind}, {where})"
+
+
+@dataclass(frozen=True)
+class State:
+    expr: Scope
+    path: tuple[Step, ...]
+    fingerprint: str = field(compare=False)
+
+    @property
+    def depth(self) -> int:
+        return sum(step.kind == "explorative" for step in self.path)
+
+    def explain(self, start: Scope | None = None) -> str:
+        """The derivation like the paper's Figure 6: E1 --rule--> E2 --rule--> ..."""
+        lines = [f"E1 = {start}" if start is not None else "E1 = (input)"]
+        for number, step in enumerate(self.path, start=2):
+            lines.append(f"  --[{step}]-->")
+            lines.append(f"E{number} = {step.result}")
+        return "\n".join(lines)
+
+
+@dataclass
+class RoundStats:
+    depth: int
+    new_states: int = 0
+    fingerprint_hits: int = 0
+    applications: Counter = field(default_factory=Counter)
+    match_s: float = 0.0  # rules computing their right-hand sides
+    apply_s: float = 0.0  # rebuilding states, eager closure, fingerprints
+    rebuild_s: float = 0.0  # e-graph insertion and native rules
+    enodes: int = 0
+    eclasses: int = 0
+
+
+@dataclass
+class SearchStats:
+    rounds: list[RoundStats] = field(default_factory=list)
+    stop_reason: str = ""
+    seconds: float = 0.0
+    rule_errors: list[str] = field(default_factory=list)
+
+    @property
+    def states(self) -> int:
+        return 1 + sum(r.new_states for r in self.rounds)
+
+    @property
+    def fingerprint_hits(self) -> int:
+        return sum(r.fingerprint_hits for r in self.rounds)
+
+    @property
+    def applications(self) -> Counter:
+        total: Counter = Counter()
+        for r in self.rounds:
+            total.update(r.applications)
+        return total
+
+    def table(self) -> str:
+        head = f"{'depth':>5} {'new':>7} {'hits':>7} {'enodes':>8} {'match s':>8} {'apply s':>8} {'egraph s':>8}"
+        rows = [
+            f"{r.depth:>5} {r.new_states:>7} {r.fingerprint_hits:>7} {r.enodes:>8} {r.match_s:>8.3f} {r.apply_s:>8.3f} {r.rebuild_s:>8.3f}"
+            for r in self.rounds
+        ]
+        return "\n".join([head, *rows, f"stop: {self.stop_reason}, {self.states} states, {self.seconds:.2f} s"])
+
+
+@dataclass
+class Exploration:
+    root: Scope
+    states: list[State]
+    stats: SearchStats
+    graph: object | None = None
+
+    def find(self, expr: Scope) -> State | None:
+        """The state equal to ``expr`` up to renaming and reordering, if it was reached."""
+        key = fingerprint(expr)
+        return next((s for s in self.states if s.fingerprint == key), None)
+
+
+# --------------------------------------------------------------------------------------------
+# The search
+
+
+class _Budget:
+    def __init__(self, max_states: int | None, time_limit: float | None, max_enodes: int | None):
+        self.max_states, self.max_enodes = max_states, max_enodes
+        self.deadline = None if time_limit is None else time.perf_counter() + time_limit
+
+    def exhausted(self, states: int, enodes: int) -> str | None:
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            return "time"
+        if self.max_states is not None and states >= self.max_states:
+            return "states"
+        if self.max_enodes is not None and enodes >= self.max_enodes:
+            return "nodes"
+        return None
+
+
+def eager_closure(expr: Scope, rules: Sequence[Rule], memo: dict | None = None, limit: int = 64) -> tuple[Scope, list[Step]]:
+    """Apply eager rules anywhere until none applies (each takes its first result)."""
+    steps: list[Step] = []
+    memo = {} if memo is None else memo
+    for _ in range(limit):
+        for position, scope, eager in ((p, s, r) for p, s in scopes_at(expr) for r in rules):
+            key = (eager.name, scope)
+            if key not in memo:
+                memo[key] = eager.apply(scope)
+            results = memo[key]
+            if results:
+                expr = replace_at(expr, position, results[0])
+                steps.append(Step(eager.name, eager.kind, position, expr))
+                break
+        else:
+            return expr, steps
+    return expr, steps
+
+
+def explore(
+    expr: Scope,
+    max_depth: int = 4,
+    *,
+    rules: Sequence[Rule] | None = None,
+    max_states: int | None = 200_000,
+    time_limit: float | None = None,
+    max_enodes: int | None = None,
+    use_egraph: bool = True,
+) -> Exploration:
+    """Every state reachable from ``expr`` within ``max_depth`` explorative steps.
+
+    Budgets: ``max_states`` states, ``time_limit`` seconds, ``max_enodes`` e-graph nodes; the
+    first exhausted one (or Ctrl-C) stops the search, and ``stats.stop_reason`` says which.
+    """
+    if not isinstance(expr, Scope):
+        raise ExpressionError(f"explore() takes a Scope, got {type(expr).__name__}")
+    if max_depth < 0:
+        raise ExpressionError(f"max_depth must be >= 0, got {max_depth}")
+    rules = list(registered() if rules is None else rules)
+    explorative = [r for r in rules if r.kind == "explorative"]
+    eager = [r for r in rules if r.kind == "eager"]
+    started = time.perf_counter()
+    budget = _Budget(max_states, time_limit, max_enodes)
+    stats = SearchStats()
+    graph = _new_graph() if use_egraph else None
+
+    native = [rewrite for r in rules for rewrite in r.rewrites]  # pattern rules run inside egglog
+    if graph is not None and native:
+        graph.register(*native)
+    start, steps = eager_closure(expr, eager)
+    root = State(start, tuple(steps), fingerprint(start))
+    states = {root.fingerprint: root}
+    if graph is not None:
+        graph.union(canonical(expr), canonical(start))
+    frontier = [root]
+    memo: dict = {}
+    try:
+        for depth in range(1, max_depth + 1):
+            if not frontier:
+                stats.stop_reason = "saturated"
+                break
+            current = RoundStats(depth)
+            stats.rounds.append(current)
+            frontier = _expand(frontier, explorative, eager, states, current, graph, budget, stats, memo)
+            if graph is not None:
+                tick = time.perf_counter()
+                graph.run()  # the e-graph's native eager rewrites (index arithmetic)
+                if native:
+                    graph.run("")  # the registered pattern rules
+                current.enodes, current.eclasses = graph.size()
+                current.rebuild_s += time.perf_counter() - tick
+            if stats.stop_reason:
+                break
+        else:
+            stats.stop_reason = "depth"
+    except KeyboardInterrupt:
+        stats.stop_reason = "interrupted"
+    stats.seconds = time.perf_counter() - started
+    return Exploration(expr, list(states.values()), stats, graph)
+
+
+def _expand(frontier, explorative, eager, states, current, graph, budget, stats, memo) -> list[State]:
+    new_frontier: list[State] = []
+    for state in frontier:
+        for position, scope in list(scopes_at(state.expr)):
+            for rule_ in explorative:
+                reason = budget.exhausted(len(states), current.enodes)
+                if reason:
+                    stats.stop_reason = reason
+                    return new_frontier
+                tick = time.perf_counter()
+                key = (rule_.name, scope)
+                if key not in memo:  # the same sub-scope recurs in many states
+                    try:
+                        memo[key] = rule_.apply(scope)
+                    except ExpressionError as err:  # a broken rule is reported, never unioned
+                        stats.rule_errors.append(str(err))
+                        memo[key] = []
+                results = memo[key]
+                tock = time.perf_counter()
+                current.match_s += tock - tick
+                egraph_before = current.rebuild_s
+                for result in results:
+                    current.applications[rule_.name] += 1
+                    child = _derive(state, position, scope, result, rule_, eager, graph, current, memo)
+                    if child.fingerprint in states:
+                        current.fingerprint_hits += 1
+                        continue
+                    states[child.fingerprint] = child
+                    current.new_states += 1
+                    new_frontier.append(child)
+                # e-graph insertion inside _derive is counted in rebuild_s, not here
+                current.apply_s += time.perf_counter() - tock - (current.rebuild_s - egraph_before)
+    return new_frontier
+
+
+def _derive(state: State, position, scope, result, rule_, eager, graph, current, memo) -> State:
+    expr = replace_at(state.expr, position, result)
+    steps = [Step(rule_.name, rule_.kind, position, expr)]
+    closed, eager_steps = eager_closure(expr, eager, memo)
+    child = State(closed, state.path + tuple(steps + eager_steps), fingerprint(closed))
+    if graph is not None:
+        tick = time.perf_counter()
+        graph.union(canonical(scope), canonical(result))
+        graph.union(canonical(state.expr), canonical(closed))
+        current.rebuild_s += time.perf_counter() - tick
+    return child
+
+
+def _new_graph():
+    from .egraph import ExpressionGraph
+
+    return ExpressionGraph()

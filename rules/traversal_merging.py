@@ -1,0 +1,29 @@
+"""Traversal merging (OLLIE section 4.2, Table 1)."""
+
+from rewriter.dsl import rule
+from rewriter.indexing import index_bounds
+from rewriter.ir import Scope, accesses, nested_reads, replace_subterm, substitute
+
+
+@rule("traversal merging", section="4.2", kind="eager")
+def merge_traversal(scope: Scope):
+    """Inline a nested scope that has no summation (OLLIE 4.2):
+
+        L x ; S y ; g({ L z ; f(z) }[phi(x, y)])   =>   L x ; S y ; g(f(phi(x, y)))
+
+    Sound when every read phi(x, y) lies inside the inner box Z (there the read is f; outside it
+    would be 0 while f need not be), which is checked by exact range inference over the box of
+    x and y. Eager: it removes the identity scopes that variable substitution leaves behind.
+    Scopes that read no tensor (constant tensors such as a ones vector) stay instantiated.
+    """
+    box = {it.name: (it.lo, it.hi) for it in scope.iterators}
+    for access in nested_reads(scope.body):
+        inner = access.source
+        if inner.summation or not list(accesses(inner.body)):
+            continue  # a constant tensor (a ones vector, say) was instantiated on purpose
+        if all(it.lo <= lo and hi < it.hi for it, (lo, hi) in zip(inner.traversal, (index_bounds(ix, box) for ix in access.indices))):
+            mapping = {it.name: ix for it, ix in zip(inner.traversal, access.indices)}
+            body = replace_subterm(scope.body, access, substitute(inner.body, mapping))
+            yield Scope(scope.traversal, scope.summation, body, scope.reduce)
+            return
+

@@ -1,0 +1,146 @@
+"""Variable substitution (OLLIE section 4.2, Table 1): skew, merge and split iterators."""
+
+from itertools import product
+
+from rewriter.dsl import affine_index, fresh_name, rule, substitute_traversal
+from rewriter.indexing import affine_coefficients
+from rewriter.ir import Iterator, Scope, Var, accesses
+
+
+@rule("variable substitution", section="4.2")
+def substitute_variables(scope: Scope):
+    """Replace traversal iterators through a bijection phi (OLLIE 4.2):
+
+        L x ; S s ; f(x)   =>   L x ; { L y ; S s ; f(phi^-1(y)) }[phi(x)]
+
+    The bijections tried are read off the scope's indices, so the branching stays small:
+    skewing ``t = a + k*b`` for iterators a, b sharing an index (one at a time, and all of an
+    access's indices at once, as Figure 6's ``(r,s,h,w,f) -> (r,s,f,h+r,w+s)``), and splitting
+    ``i = k*p + q`` for strides k that appear beside i. Merging is the guided rule below.
+    Each phi is checked to be a bijection with islpy before use.
+    """
+    for new_traversal, forward, inverse in _proposals(scope):
+        yield substitute_traversal(scope, new_traversal, forward, inverse)
+
+
+def _proposals(scope: Scope):
+    yield from _skews(scope)
+    yield from _splits(scope)
+
+
+@rule("iterator merging", section="4.2, 5.2", kind="guided")
+def merge_iterators(scope: Scope):
+    """Variable substitution that fuses adjacent traversal iterators, ``z = B*a + b`` (OLLIE 5.2):
+
+        L a:A, b:B ; f(a, b)   =>   L a:A, b:B ; { L z:A*B ; f(z/B, z%B) }[B*a + b]
+
+    Guided: iterator-group mismatches with an operator ask for it (t1, t2 -> m for a Matmul),
+    so explorative search does not try every adjacent pair everywhere.
+    """
+    for new_traversal, forward, inverse in _merges(scope):
+        yield substitute_traversal(scope, new_traversal, forward, inverse)
+
+
+def _traversal_forms(scope: Scope):
+    """(access, affine coefficients restricted to traversal iterators) for each affine index."""
+    names = {it.name for it in scope.traversal}
+    for access in accesses(scope.body):
+        forms = []
+        for ix in access.indices:
+            form = affine_coefficients(ix)
+            if form is not None:
+                forms.append({v: c for v, c in form[0].items() if v in names})
+        yield access, forms
+
+
+def _skew(scope: Scope, pivots: dict[str, dict[str, int]]):
+    """Substitute each pivot a (coefficient 1) by t = its index's traversal part, a + k*b + ...
+
+    The new iterators go last, as in Figure 6's ``(r,s,h,w,f) -> (r,s,f,h+r,w+s)``.
+    """
+    taken = {it.name for it in scope.iterators}
+    kept, added, forward, inverse = [], [], {}, {}
+    for it in scope.traversal:
+        coeffs = pivots.get(it.name)
+        if coeffs is None:
+            kept.append(it)
+            forward[it.name] = inverse[it.name] = Var(it.name)
+            continue
+        t = fresh_name("t", taken)
+        taken.add(t)
+        lo, hi = _bounds(coeffs, scope)
+        added.append(Iterator(t, lo, hi + 1))
+        forward[t] = affine_index(coeffs)
+        inverse[it.name] = affine_index({t: 1, **{v: -c for v, c in coeffs.items() if v != it.name}})
+    return tuple(kept + added), forward, inverse
+
+
+def _bounds(coeffs: dict[str, int], scope: Scope) -> tuple[int, int]:
+    box = {it.name: it for it in scope.traversal}
+    lo = sum(min(c * box[v].lo, c * (box[v].hi - 1)) for v, c in coeffs.items())
+    hi = sum(max(c * box[v].lo, c * (box[v].hi - 1)) for v, c in coeffs.items())
+    return lo, hi
+
+
+def _skews(scope: Scope):
+    """One skew per (pivot, index), and per access all its indices' skews at once."""
+    seen = set()
+
+    def once(pivots):
+        key = tuple(sorted((p, tuple(sorted(c.items()))) for p, c in pivots.items()))
+        if key not in seen:
+            seen.add(key)
+            yield _skew(scope, pivots)
+
+    for _, forms in _traversal_forms(scope):
+        multi = [coeffs for coeffs in forms if len(coeffs) > 1]
+        for coeffs in multi:
+            for pivot in (v for v, c in coeffs.items() if c == 1):
+                yield from once({pivot: coeffs})
+        # every choice of one pivot per multi-iterator index, as one substitution
+        choices = [[(v, coeffs) for v, c in coeffs.items() if c == 1] for coeffs in multi]
+        for combination in product(*choices) if len(multi) > 1 else ():
+            pivots = dict(combination)
+            # each pivot's index may not mention another pivot, or phi^-1 would be circular
+            independent = all(not (set(coeffs) - {p}) & set(pivots) for p, coeffs in combination)
+            if len(pivots) == len(combination) and independent:
+                yield from once(pivots)
+
+
+def _merges(scope: Scope):
+    """z = B*(a - lo_a) + (b - lo_b) for adjacent traversal iterators a, b."""
+    taken = {it.name for it in scope.iterators}
+    traversal = scope.traversal
+    for k in range(len(traversal) - 1):
+        a, b = traversal[k], traversal[k + 1]
+        z = fresh_name("z", taken)
+        merged = Iterator(z, 0, a.size * b.size)
+        forward = {it.name: Var(it.name) for it in traversal if it not in (a, b)}
+        forward[z] = affine_index({a.name: b.size, b.name: 1}, -b.size * a.lo - b.lo)
+        inverse = {it.name: Var(it.name) for it in traversal if it not in (a, b)}
+        inverse[a.name] = Var(z) // b.size + a.lo
+        inverse[b.name] = Var(z) % b.size + b.lo
+        yield traversal[:k] + (merged,) + traversal[k + 2 :], forward, inverse
+
+
+def _splits(scope: Scope):
+    """i = k*p + q, 0 <= q < k, for each stride k written beside i in an index."""
+    taken = {it.name for it in scope.iterators}
+    factors: dict[str, set[int]] = {}
+    for _, forms in _traversal_forms(scope):
+        for coeffs in forms:
+            for v, c in coeffs.items():
+                if abs(c) == 1:
+                    factors.setdefault(v, set()).update(abs(o) for w, o in coeffs.items() if w != v and abs(o) > 1)
+    for k_index, it in enumerate(scope.traversal):
+        for k in sorted(factors.get(it.name, ())):
+            if it.size <= k:
+                continue
+            p, q = fresh_name("p", taken), fresh_name("q", taken | {fresh_name("p", taken)})
+            new_p = Iterator(p, it.lo // k, (it.hi - 1) // k + 1)
+            new_q = Iterator(q, 0, k)
+            forward = {o.name: Var(o.name) for o in scope.traversal if o is not it}
+            forward[p], forward[q] = Var(it.name) // k, Var(it.name) % k
+            inverse = {o.name: Var(o.name) for o in scope.traversal if o is not it}
+            inverse[it.name] = k * Var(p) + Var(q)
+            yield scope.traversal[:k_index] + (new_p, new_q) + scope.traversal[k_index + 1 :], forward, inverse

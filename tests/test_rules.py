@@ -1,0 +1,224 @@
+"""Every rule is sound: each application evaluates equal to what it rewrote.
+
+Property tests draw random expressions (``tests/strategies.py``) and walk a few random rule
+applications from them, so rules that need a particular shape (nested scopes to tighten or merge)
+see plenty of inputs; named examples replay the steps of the paper's Figure 6.
+"""
+
+import pytest
+from hypothesis import given, note, strategies as st
+
+from rewriter import ExpressionError, Iterator, Scope, Var, parse
+from rewriter.dsl import RuleError, pattern, registered, rule, substitute_traversal
+from rewriter.fingerprint import fingerprint
+from rewriter.testing import applications, assert_sound
+from strategies import expressions
+
+RULES = {r.name: r for r in registered()}
+
+
+@st.composite
+def derived(draw, max_steps: int = 2):
+    """A generated expression after up to ``max_steps`` random rule applications."""
+    expr = draw(expressions(max_traversal=3, max_summation=2))
+    for _ in range(draw(st.integers(0, max_steps))):
+        name = draw(st.sampled_from(sorted(RULES)))
+        options = applications(RULES[name], expr)
+        if not options:
+            continue
+        expr = options[draw(st.integers(0, len(options) - 1))]
+    return expr
+
+
+PROGRAM_RULES = ["expression fusion", "expression merging (batch)"]  # they rewrite Programs
+
+
+@pytest.mark.parametrize("name", sorted(set(RULES) - set(PROGRAM_RULES)))
+def test_rule_is_sound_on_generated_expressions(name):
+    rule_ = RULES[name]
+
+    @given(derived())
+    def check(expr):
+        note(str(expr))
+        assert_sound(rule_, expr)
+
+    check()
+
+
+def test_every_rule_cites_its_section_and_kind():
+    for rule_ in RULES.values():
+        assert rule_.section and rule_.kind in ("explorative", "eager", "guided", "inter")
+        assert len(rule_.doc.split()) > 10, rule_.name
+
+
+SHAPES = {"A": (1, 7, 7, 8), "K": (3, 3, 8, 8)}
+E1 = "L n:1, h:7, w:7, f:8 ; S c:8, r:3, s:3 ; A[n, h+r-1, w+s-1, c] * K[r, s, f, c]"
+
+
+def test_figure6_summation_splitting_e1_to_e2():
+    e1 = parse(E1, SHAPES)
+    e2 = parse(
+        "L n:1, h:7, w:7, f:8 ; S r:3, s:3 ; { L r:3, s:3, n:1, h:7, w:7, f:8 ; S c:8 ; "
+        "A[n, h+r-1, w+s-1, c] * K[r, s, f, c] }[r, s, n, h, w, f]",
+        SHAPES,
+    )
+    results = RULES["summation splitting"].apply(e1)
+    assert fingerprint(e2) in {fingerprint(r) for r in results}
+    assert assert_sound(RULES["summation splitting"], e1) == 6  # {c}, {r}, {s}, {c,r}, {c,s}, {r,s}
+
+
+def test_figure6_variable_substitution_e2_to_e3_and_merging_e4_to_e5():
+    inner = parse("L r:3, s:3, n:1, h:7, w:7, f:8 ; S c:8 ; A[n, h+r-1, w+s-1, c] * K[r, s, f, c]", SHAPES)
+    results = RULES["variable substitution"].apply(inner)
+    # the combined skew phi(r,s,n,h,w,f) = (r, s, n, f, h+r, w+s) of Figure 6
+    e3 = parse(
+        "L r:3, s:3, n:1, h:7, w:7, f:8 ; { L r:3, s:3, n:1, f:8, t:9, t1:9 ; S c:8 ; "
+        "A[n, t-r+r-1, t1-s+s-1, c] * K[r, s, f, c] }[r, s, n, f, h+r, s+w]",
+        SHAPES,
+    )
+    assert fingerprint(e3) in {fingerprint(r) for r in results}
+    outer = parse("L n:1, h:7, w:7, f:8 ; S r:3, s:3 ; X[r, s, n, h, w, f]", {"X": (3, 3, 1, 7, 7, 8)})
+    e4 = Scope(outer.traversal, outer.summation, e3[tuple(Var(n) for n in "rsnhwf")])
+    (e5,) = RULES["traversal merging"].apply(e4)
+    assert "{ L r:3, s:3, n:1, f:8, t:9, t1:9 ; S c:8" in str(e5) and "}[r, s, n, f, h+r, s+w]" in str(e5)
+    assert assert_sound(RULES["traversal merging"], e4) == 1
+
+
+def test_boundary_tightening_and_relaxing_on_t1_t2():
+    e5 = parse(
+        "L n:1, h:7, w:7, f:8 ; S r:3, s:3 ; { L r:3, s:3, n:1, f:8, t:9, t1:9 ; S c:8 ; "
+        "A[n, t-1, t1-1, c] * K[r, s, f, c] }[r, s, n, f, h+r, s+w]",
+        SHAPES,
+    )
+    (e6,) = RULES["boundary tightening"].apply(e5)
+    assert "t:1..8, t1:1..8" in str(e6)
+    assert assert_sound(RULES["boundary tightening"], e5) == 1
+    # relaxing back to cover every read is sound: the added points read only padding
+    (relaxed,) = RULES["boundary relaxing"].apply(e6)
+    assert "t:9, t1:9" in str(relaxed)
+    assert assert_sound(RULES["boundary relaxing"], e6) == 1
+
+
+def test_relaxing_refuses_to_expose_non_zero_points():
+    # the inner scope is non-zero at t = 5, which the outer read reaches but the box excludes
+    e = parse("L h:6 ; { L t:5 ; A[t] }[h]", {"A": (6,)})
+    assert RULES["boundary relaxing"].apply(e) == []
+
+
+def test_split_substitution_for_strided_access():
+    e = parse("L h:4, x:2 ; A[x] * K[h+1-2*x]", {"A": (2,), "K": (4,)})
+    results = RULES["variable substitution"].apply(e)
+    assert any("p" in str(r) and "q" in str(r) and "h/2" in str(r) for r in results)
+    assert assert_sound(RULES["variable substitution"], e) == len(results)
+
+
+# ---------------------------------------------------------------------------------------------
+# The DSL refuses bad rules instead of making wrong unions
+
+
+def test_a_bijection_that_is_not_one_is_refused():
+    e = parse("L i:4, j:3 ; A[i, j]", {"A": (4, 3)})
+    z = Iterator("z", 0, 12)
+    with pytest.raises(RuleError, match="not a bijection"):
+        # z = i + j is not injective on the box: (1, 0) and (0, 1) collide
+        substitute_traversal(e, (z,), {"z": Var("i") + Var("j")}, {"i": Var("z") // 3, "j": Var("z") % 3})
+    with pytest.raises(RuleError, match="outside the new box"):
+        substitute_traversal(e, (Iterator("z", 0, 6),), {"z": 3 * Var("i") + Var("j")}, {"i": Var("z") // 3, "j": Var("z") % 3})
+
+
+def test_a_rule_that_changes_the_output_box_is_refused_at_application():
+    @rule("test: bad box", section="none", kind="explorative", register=False)
+    def shrink(scope):
+        """A deliberately wrong rule used by the tests: it drops the last output row."""
+        it = scope.traversal[0]
+        yield Scope((Iterator(it.name, it.lo, it.hi - 1),) + scope.traversal[1:], scope.summation, scope.body)
+
+    with pytest.raises(RuleError, match="changed the output box"):
+        shrink.apply(parse("L i:4 ; A[i]", {"A": (4,)}))
+
+
+def test_a_rule_building_a_malformed_expression_is_refused():
+    @rule("test: unbound", section="none", kind="explorative", register=False)
+    def unbound(scope):
+        """A deliberately wrong rule used by the tests: it reads an unbound iterator."""
+        yield Scope(scope.traversal, scope.summation, scope.body * scope.body.source[Var("nope")])
+
+    with pytest.raises(RuleError, match="unbound iterator 'nope'"):
+        unbound.apply(parse("L i:4 ; A[i]", {"A": (4,)}))
+
+
+def test_rules_need_a_docstring_and_a_known_kind():
+    with pytest.raises(RuleError, match="docstring"):
+        rule("test: no doc", section="none", register=False)(lambda scope: iter(()))
+    with pytest.raises(RuleError, match="kind"):
+
+        @rule("test: kind", section="none", kind="sometimes", register=False)
+        def bad(scope):
+            """Docstring present, kind wrong."""
+            yield scope
+
+
+def test_pattern_rule_with_unbound_rhs_variable_is_refused():
+    from egglog import Expr, i64Like, rewrite, vars_
+
+    class Term(Expr):
+        @classmethod
+        def lit(cls, value: i64Like) -> "Term": ...
+
+        def __add__(self, other: "Term") -> "Term": ...
+
+    a, b = vars_("a b", Term)
+    with pytest.raises(RuleError, match="malformed"):
+        pattern("test: unbound rhs", section="none", doc="x", rewrites=rewrite(a + Term.lit(0)).to(b), register=False)
+
+
+def test_invalid_expression_is_still_refused_before_any_rule():
+    with pytest.raises(ExpressionError):
+        parse("L i:4 ; A[i*i]", {"A": (4,)})
+
+
+def test_rules_keep_values_on_a_padding_heavy_case():
+    e = parse("L h:-2..6 ; S r:3 ; { L t:-1..8 ; A[t] * 2 }[h+r-1] * B[r]", {"A": (5,), "B": (3,)})
+    for rule_ in RULES.values():
+        assert_sound(rule_, e)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inter-expression rules (OLLIE 4.1) on programs
+
+from rewriter import parse_program  # noqa: E402
+from strategies import programs  # noqa: E402
+
+
+@pytest.mark.parametrize("name", PROGRAM_RULES)
+def test_program_rule_is_sound_on_generated_programs(name):
+    @given(programs())
+    def check(program):
+        note(str(program))
+        assert_sound(RULES[name], program)
+
+    check()
+
+
+def test_matmuls_sharing_an_operand_merge_into_one_batched_expression():
+    program = parse_program(
+        "C1 = L i:4, j:5 ; S k:3 ; A1[i, k] * B[k, j]\nC2 = L i:4, j:5 ; S k:3 ; A2[i, k] * B[k, j]\nreturn C1, C2",
+        {"A1": (4, 3), "A2": (4, 3), "B": (3, 5)},
+    )
+    (merged,) = RULES["expression merging (batch)"].apply(program)
+    name, batched = merged.definitions[0]
+    assert batched.shape == (2, 4, 5) and "B[k, j]" in str(batched)
+    assert assert_sound(RULES["expression merging (batch)"], program) == 1
+
+
+def test_fusion_inlines_a_producer_into_its_consumer():
+    program = parse_program("T = L i:4 ; S k:3 ; A[i, k]\nU = L i:4 ; relu(T[i])\nreturn U", {"A": (4, 3)})
+    (fused,) = RULES["expression fusion"].apply(program)
+    assert str(fused) == "U = L i:4 ; relu({ L i:4 ; S k:3 ; A[i, k] }[i])\nreturn U"
+
+
+def test_splitting_then_merging_gives_the_expression_back():
+    e = parse("L i:6, j:3 ; S k:2 ; A[i, k] * B[k, j]", {"A": (6, 2), "B": (2, 3)})
+    for split in RULES["expression splitting"].apply(e):
+        assert_sound(RULES["expression splitting"], e)
+        assert e in RULES["expression merging"].apply(split)
