@@ -28,11 +28,13 @@ from .ir import (
     tensor_shapes,
 )
 from .parser import parse, parse_program
+from .derive import derive
 from .search import explore
 
 __all__ = [
     *builders.__all__,
     "ExpressionError",
+    "derive",
     "evaluate",
     "explore",
     "parse",

@@ -1,8 +1,8 @@
 """Traversal merging (OLLIE section 4.2, Table 1)."""
 
 from rewriter.dsl import rule
-from rewriter.indexing import index_bounds
-from rewriter.ir import Scope, accesses, nested_reads, replace_subterm, substitute
+from rewriter.indexing import index_bounds, padding_support
+from rewriter.ir import Iterator, Scope, accesses, nested_reads, replace_subterm, substitute
 
 
 @rule("traversal merging", section="4.2", kind="eager")
@@ -13,7 +13,8 @@ def merge_traversal(scope: Scope):
 
     Sound when every read phi(x, y) lies inside the inner box Z (there the read is f; outside it
     would be 0 while f need not be), which is checked by exact range inference over the box of
-    x and y. Eager: it removes the identity scopes that variable substitution leaves behind.
+    x and y, or when f itself is 0 wherever the reads leave Z (islpy: its padding support over
+    the grown box stays inside Z). Eager: it removes the identity scopes that variable substitution leaves behind.
     Scopes that read no tensor (constant tensors such as a ones vector) stay instantiated.
     """
     box = {it.name: (it.lo, it.hi) for it in scope.iterators}
@@ -21,9 +22,19 @@ def merge_traversal(scope: Scope):
         inner = access.source
         if inner.summation or not list(accesses(inner.body)):
             continue  # a constant tensor (a ones vector, say) was instantiated on purpose
-        if all(it.lo <= lo and hi < it.hi for it, (lo, hi) in zip(inner.traversal, (index_bounds(ix, box) for ix in access.indices))):
+        reads = [index_bounds(ix, box) for ix in access.indices]
+        if all(it.lo <= lo and hi < it.hi for it, (lo, hi) in zip(inner.traversal, reads)) or _zero_outside(inner, reads):
             mapping = {it.name: ix for it, ix in zip(inner.traversal, access.indices)}
             body = replace_subterm(scope.body, access, substitute(inner.body, mapping))
             yield Scope(scope.traversal, scope.summation, body, scope.reduce)
             return
 
+
+
+def _zero_outside(inner: Scope, reads) -> bool:
+    """Whether the inner body is 0 on every point the reads reach outside its box."""
+    grown = tuple(
+        Iterator(it.name, min(it.lo, lo), max(it.hi, hi + 1)) for it, (lo, hi) in zip(inner.traversal, reads)
+    )
+    support = padding_support(Scope(grown, inner.summation, inner.body, inner.reduce))
+    return all(it.lo <= lo and hi <= it.hi for it, (lo, hi) in zip(inner.traversal, support.values()) if lo < hi)

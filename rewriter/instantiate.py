@@ -1,0 +1,264 @@
+"""Expression instantiation (OLLIE 4.3): scopes become operator calls or eOperators.
+
+``match_gemm(scope)`` fills the scope's iterators into the groups of the Matmul / BatchMatmul
+iterator mapping tables (``rules/operators.py``) by which tensors they index, and checks that each
+group reads its operands as one strided dimension, so a BLAS call can read them in place (OLLIE
+Expression (2): no copies). ``instantiate(expr)`` turns every scope of an expression, innermost
+first, into a kernel: a matched operator where one matches, else an eOperator (the scope itself,
+for codegen to compile). The result is a ``Candidate``: kernels in execution order, callable on
+inputs. Its ``cost`` is an analytic stand-in (flops and bytes) that measured times will replace.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .indexing import affine_coefficients, index_bounds
+from .ir import Access, Binary, Scalar, Scope, Tensor, Unary, tensor_shapes
+from .reference import evaluate
+
+# The analytic stand-in for measured cost (seconds): a BLAS rate, a generated-kernel rate and
+# memory bandwidth of a small CPU. Codegen's measurements replace ``Candidate.cost``.
+BLAS_FLOPS = 5e10
+EOP_OPS = 2e9
+BYTES_PER_SECOND = 1e10
+LAUNCH_SECONDS = 5e-6  # every kernel call costs something, however small
+
+
+# --------------------------------------------------------------------------------------------
+# Matching the Matmul family
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor read as a strided 3-d view [batch, rows, cols] starting at ``offset`` elements."""
+
+    tensor: str
+    offset: int
+    shape: tuple[int, int, int]
+    strides: tuple[int, int, int]  # in elements
+
+
+@dataclass(frozen=True)
+class GemmMatch:
+    kind: str  # "matmul" or "batch_matmul"
+    a: Operand  # [b, m, k]
+    b: Operand  # [b, k, n]
+    out_strides: tuple[int, int, int]  # where C[b, m, n] lands in the row-major output
+
+    @property
+    def flops(self) -> int:
+        batch, m, k = self.a.shape
+        return 2 * batch * m * k * self.b.shape[2]
+
+
+def _row_major(shape) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
+
+
+def _placement(access: Access, box: dict) -> dict | None:
+    """iterator -> element stride of the access, plus "" -> constant offset; None if an index
+    mixes iterators or reads padding."""
+    tensor = access.source
+    strides = _row_major(tensor.shape)
+    placement: dict[str, int] = {"": 0}
+    for dim, (ix, stride) in enumerate(zip(access.indices, strides)):
+        form = affine_coefficients(ix)
+        if form is None:
+            return None
+        lo, hi = index_bounds(ix, box)
+        if lo < 0 or hi >= tensor.shape[dim]:
+            return None  # it reads padding: a layout eOperator must pad it first
+        # a size-1 iterator is a constant (a 1x1 kernel's r in h+r)
+        coefficients = {n: c for n, c in form[0].items() if box[n][1] - box[n][0] > 1}
+        constant = form[1] + sum(c * box[n][0] for n, c in form[0].items() if n not in coefficients)
+        if len(coefficients) > 1:
+            return None
+        for name, c in coefficients.items():  # an iterator in two dimensions adds up its strides
+            placement[name] = placement.get(name, 0) + c * stride
+        placement[""] += constant * stride
+    return placement
+
+
+def _merged(names: list[str], strides: dict, sizes: dict) -> int | None:
+    """The single stride of iterators ``names`` (outer to inner) if they form one dimension."""
+    names = [n for n in names if sizes[n] > 1]
+    if not names:
+        return 0
+    for outer, inner in zip(names, names[1:]):
+        if strides[outer] != strides[inner] * sizes[inner]:
+            return None
+    return strides[names[-1]]
+
+
+def match_gemm(scope: Scope) -> GemmMatch | None:
+    """A Matmul / BatchMatmul reading its operands in place, or None (Table 2, section 4.3.1)."""
+    from rules.operators import BATCH_MATMUL
+
+    body = scope.body
+    if scope.reduce != "sum" or not (isinstance(body, Binary) and body.op == "*"):
+        return None
+    x, y = body.lhs, body.rhs
+    if not all(isinstance(t, Access) and isinstance(t.source, Tensor) for t in (x, y)):
+        return None
+    box = {it.name: (it.lo, it.hi) for it in scope.iterators}
+    sizes = {it.name: it.size for it in scope.iterators}
+    px, py = _placement(x, box), _placement(y, box)
+    if px is None or py is None:
+        return None
+    out_names = [it.name for it in scope.traversal]
+    out_strides = dict(zip(out_names, _row_major(scope.shape)))
+    groups: dict[str, list[str]] = {g.name: [] for g in BATCH_MATMUL.groups}
+    for it in scope.iterators:
+        group = BATCH_MATMUL.group_of(it.name in px, it.name in py, it.name in out_strides)
+        if group is None:
+            if it.size == 1:
+                continue  # a size-1 iterator is a constant: it belongs to no group
+            return None
+        groups[group.name].append(it.name)
+    if not groups["k"]:
+        return None
+    order = {name: k for k, name in enumerate(out_names)}
+    for name in ("b", "m", "n"):
+        groups[name].sort(key=order.get)
+    # read the operands at the first point of the box
+    base_x = px[""] + sum(px[n] * box[n][0] for n in px if n)
+    base_y = py[""] + sum(py[n] * box[n][0] for n in py if n)
+    size = {g: math.prod(sizes[n] for n in names) for g, names in groups.items()}
+    want = {
+        "ax": [("b", px), ("m", px), ("k", px)],
+        "by": [("b", py), ("k", py), ("n", py)],
+        "out": [("b", out_strides), ("m", out_strides), ("n", out_strides)],
+    }
+    strides = {}
+    for key, parts in want.items():
+        merged = [_merged(groups[g], where, sizes) for g, where in parts]
+        if any(s is None for s in merged):
+            return None
+        strides[key] = tuple(merged)
+    kind = "batch_matmul" if size["b"] > 1 else "matmul"
+    a = Operand(x.source.name, base_x, (size["b"], size["m"], size["k"]), strides["ax"])
+    b = Operand(y.source.name, base_y, (size["b"], size["k"], size["n"]), strides["by"])
+    return GemmMatch(kind, a, b, strides["out"])
+
+
+def run_gemm(match: GemmMatch, values: dict[str, np.ndarray], out_shape) -> np.ndarray:
+    """C[b, m, n] = A[b, m, :] @ B[b, :, n] on strided views of the operands (no copies made here)."""
+
+    def view(op: Operand) -> np.ndarray:
+        flat = np.ascontiguousarray(values[op.tensor]).reshape(-1)
+        itemsize = flat.itemsize
+        return np.lib.stride_tricks.as_strided(flat[op.offset :], op.shape, tuple(s * itemsize for s in op.strides))
+
+    product = np.matmul(view(match.a), view(match.b))
+    out = np.empty(out_shape, dtype=product.dtype)
+    target = np.lib.stride_tricks.as_strided(out.reshape(-1), product.shape, tuple(s * out.itemsize for s in match.out_strides))
+    target[...] = product
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Candidates: kernels in execution order
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel: ``output = expr`` where expr reads inputs and earlier kernels' outputs by name."""
+
+    kind: str  # "matmul", "batch_matmul", or "eop" (an eOperator)
+    output: str
+    expr: Scope
+    match: GemmMatch | None = None
+
+    @property
+    def cost(self) -> float:
+        """Analytic stand-in: compute time plus the bytes the kernel reads and writes."""
+        moved = 4 * (math.prod(self.expr.shape) + sum(math.prod(s) for s in tensor_shapes(self.expr).values()))
+        fixed = LAUNCH_SECONDS + moved / BYTES_PER_SECOND
+        if self.match is not None:
+            return self.match.flops / BLAS_FLOPS + fixed
+        points = math.prod(it.size for it in self.expr.iterators)
+        return points * _op_count(self.expr.body) / EOP_OPS + fixed
+
+    def __str__(self) -> str:
+        return f"{self.output} = {self.kind}: {self.expr}"
+
+
+def _op_count(body: Scalar) -> int:
+    if isinstance(body, Unary):
+        return 1 + _op_count(body.arg)
+    if isinstance(body, Binary):
+        return 1 + _op_count(body.lhs) + _op_count(body.rhs)
+    return 1
+
+
+@dataclass
+class Candidate:
+    """A program of kernels equivalent to the expression it was derived from."""
+
+    kernels: list[Kernel]
+    source: object = field(default=None, repr=False)  # the search state it came from
+
+    @property
+    def output(self) -> str:
+        return self.kernels[-1].output
+
+    @property
+    def cost(self) -> float:
+        return sum(k.cost for k in self.kernels)
+
+    def __call__(self, **inputs) -> np.ndarray:
+        values = {name: np.asarray(value, dtype=np.float64) for name, value in inputs.items()}
+        for kernel in self.kernels:
+            if kernel.match is not None:
+                values[kernel.output] = run_gemm(kernel.match, values, kernel.expr.shape)
+            else:
+                needed = {name: values[name] for name in tensor_shapes(kernel.expr)}
+                values[kernel.output] = evaluate(kernel.expr, needed)
+        return values[self.output]
+
+    def __str__(self) -> str:
+        return "\n".join(str(k) for k in self.kernels)
+
+
+def instantiate(expr: Scope) -> Candidate:
+    """Every scope of ``expr`` (innermost first) as a kernel; nested scopes become tensors."""
+    kernels: list[Kernel] = []
+    names = iter(f"T{k}" for k in range(1 << 30))
+    root = _lift(expr, kernels, names)
+    kernels.append(_kernel(root, "out"))
+    return Candidate(kernels)
+
+
+def _kernel(scope: Scope, output: str) -> Kernel:
+    match = match_gemm(scope)
+    return Kernel(match.kind if match else "eop", output, scope, match)
+
+
+def _lift(scope: Scope, kernels: list[Kernel], names) -> Scope:
+    """``scope`` with each nested scope replaced by a read of a kernel's output tensor."""
+
+    def walk(body: Scalar) -> Scalar:
+        match body:
+            case Access(Scope() as inner, indices):
+                inner = _lift(inner, kernels, names)
+                name = next(names)
+                kernels.append(_kernel(inner, name))
+                # a kernel output is stored from 0; the scope was read in iterator coordinates
+                shifted = tuple(ix - it.lo for ix, it in zip(indices, inner.traversal))
+                return Access(Tensor(name, inner.shape), shifted)
+            case Unary(fn, arg):
+                return Unary(fn, walk(arg))
+            case Binary(op, lhs, rhs):
+                return Binary(op, walk(lhs), walk(rhs))
+        return body
+
+    return Scope(scope.traversal, scope.summation, walk(scope.body), scope.reduce)
+

@@ -1,0 +1,69 @@
+"""derive(): candidates are derived from the naive expression, instantiated, and verified."""
+
+import numpy as np
+from hypothesis import given, settings
+
+from rewriter import conv2d, derive, evaluate, matmul, parse
+from rewriter.cases import CASES
+from rewriter.instantiate import instantiate, match_gemm
+from rewriter.testing import random_inputs
+from strategies import expressions
+
+
+def test_conv3x3_becomes_one_matmul_and_an_offset_add():
+    """OLLIE Figure 3b: derived from the naive expression, nothing about convolutions written down."""
+    expr = CASES["conv3x3"].expression()
+    derivation = derive(expr, max_depth=3)
+    best = derivation.best
+    assert [k.kind for k in best.kernels] == ["matmul", "eop"]
+    assert derivation.rejected == []
+    assert "summation splitting" in derivation.explain(best) and "boundary tightening" in derivation.explain(best)
+    inputs = random_inputs(expr, 1)
+    np.testing.assert_allclose(best(**inputs), evaluate(expr, inputs), rtol=1e-9, atol=1e-9)
+
+
+def test_conv1x1_is_a_single_matmul_reading_the_input_in_place():
+    expr = conv2d((2, 5, 6, 8), (1, 1, 4, 8), layout="NHWC")
+    derivation = derive(expr, max_depth=1)
+    assert [k.kind for k in derivation.best.kernels] == ["matmul"]
+    match = derivation.best.kernels[0].match
+    assert match.a.tensor == "A" and match.a.shape == (1, 60, 8)  # (n, h, w) fused into m, no copy
+
+
+def test_strided_operands_match_without_copies():
+    """OLLIE Expression (2): C[b, 0, m, 1+k] D[b-1, b, k, n] is a BatchMatmul read in place."""
+    expr = parse("L b:1..3, m:4, n:5 ; S k:3 ; C[b, 0, m, 1+k] * D[b-1, b, k, n]", {"C": (3, 2, 4, 4), "D": (2, 3, 3, 5)})
+    match = match_gemm(expr)
+    assert match is not None and match.kind == "batch_matmul"
+    inputs = random_inputs(expr, 0)
+    np.testing.assert_allclose(instantiate(expr)(**inputs), evaluate(expr, inputs), rtol=1e-12)
+
+
+def test_reads_of_padding_do_not_match_an_operator():
+    assert match_gemm(CASES["conv3x3"].expression()) is None
+    assert match_gemm(matmul((3, 4), (4, 5))) is not None
+
+
+def test_any_expression_gets_at_least_the_identity_candidate():
+    expr = parse("L i:4 ; M j:3 ; exp(A[i, j]) / max(A[j, i], 0.5)", {"A": (4, 4)})
+    derivation = derive(expr, max_depth=2)
+    assert derivation.candidates and all(k.kind == "eop" for k in derivation.best.kernels)
+
+
+@settings(max_examples=40)
+@given(expressions(max_traversal=2, max_summation=2))
+def test_every_candidate_is_verified_on_generated_expressions(expr):
+    derivation = derive(expr, max_depth=1)
+    assert derivation.rejected == []
+    inputs = random_inputs(expr, 3)
+    expected = evaluate(expr, inputs)
+    for candidate in derivation.candidates:
+        np.testing.assert_allclose(candidate(**inputs), expected, rtol=1e-8, atol=1e-8)
+
+
+def test_convtranspose_becomes_one_matmul_and_one_eoperator():
+    """OLLIE Figure 12: the stride-2 transposed convolution as one Matmul plus a gathering eOperator."""
+    expr = CASES["convtranspose"].expression()
+    derivation = derive(expr, max_depth=4)
+    assert [k.kind for k in derivation.best.kernels] == ["matmul", "eop"]
+    assert derivation.rejected == []
