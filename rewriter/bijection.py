@@ -8,7 +8,7 @@ from __future__ import annotations
 import islpy as isl
 
 from .dsl import RuleError
-from .indexing import index_bounds, isl_box, isl_index, simplify
+from .indexing import index_bounds, isl_box, isl_index, isl_name, simplify
 from .ir import Iterator, Scope, Var, substitute_index
 
 
@@ -23,7 +23,7 @@ def check_substitution(scope: Scope, new_traversal: tuple[Iterator, ...], forwar
     box = {it.name: (it.lo, it.hi) for it in old}
     if _proved_cheaply(box, new_traversal, forward, inverse):
         return
-    space = f"[{', '.join(names)}]"
+    space = f"[{', '.join(isl_name(n) for n in names)}]"
     # phi(x) must lie in the new box for every x in the old box
     outside = " or ".join(
         f"{isl_index(forward[it.name])} < {it.lo} or {isl_index(forward[it.name])} >= {it.hi}" for it in new_traversal
@@ -33,7 +33,7 @@ def check_substitution(scope: Scope, new_traversal: tuple[Iterator, ...], forwar
     # phi^-1(phi(x)) must be x for every x in the old box (so phi is injective there)
     phi = {name: ix for name, ix in forward.items()}
     wrong = " or ".join(
-        f"{isl_index(substitute_index(inverse[name], phi))} != {name}" for name in names
+        f"{isl_index(substitute_index(inverse[name], phi))} != {isl_name(name)}" for name in names
     )
     if wrong and not isl.Set(f"{{ {space} : {isl_box(old)} and ({wrong}) }}").is_empty():
         raise RuleError(f"substitution: the given inverse does not undo phi on {isl_box(old)}: phi is not a bijection with that inverse")

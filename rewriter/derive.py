@@ -62,9 +62,10 @@ def derive(
     identity = Candidate([Kernel("eop", "out", expr)])
     found: dict[str, Candidate] = {str(identity): identity}
     guided = registered("guided")
+    memo: dict = {}  # eager rule results per scope, shared by every guided step
     eager = registered("eager")
     for state in exploration.states:
-        for derived in [state, *_guided_steps(state, guided, eager)]:
+        for derived in [state, *_guided_steps(state, guided, eager, memo)]:
             candidate = instantiate(derived.expr)
             candidate.source = derived
             found.setdefault(str(candidate), candidate)
@@ -86,7 +87,7 @@ def derive(
     return Derivation(expr, verified, exploration.stats, rejected)
 
 
-def _guided_steps(state: State, guided, eager) -> list[State]:
+def _guided_steps(state: State, guided, eager, memo: dict) -> list[State]:
     """One guided rule application on each scope no operator matches (guided steps are free)."""
     results = []
     for position, scope in scopes_at(state.expr):
@@ -95,7 +96,7 @@ def _guided_steps(state: State, guided, eager) -> list[State]:
         for rule_ in guided:
             for result in rule_.apply(scope):
                 expr = replace_at(state.expr, position, result)
-                closed, eager_steps = eager_closure(expr, eager)
+                closed, eager_steps = eager_closure(expr, eager, memo)
                 path = state.path + (Step(rule_.name, rule_.kind, position, expr), *eager_steps)
                 results.append(State(closed, path, fingerprint(closed)))
     return results

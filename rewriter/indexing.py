@@ -265,14 +265,16 @@ def simplify(ix: Index, ranges: Ranges | Iterable[Iterator] | None = None) -> In
     """
     if ranges is None:
         return to_index(normalize(ix))
-    box = _as_ranges(ranges)
-    relevant = tuple(sorted((name, box[name]) for name in index_vars(ix) if name in box))
+    if not isinstance(ranges, Mapping):
+        ranges = {it.name: (it.lo, it.hi) for it in ranges}
+    # only the index's own iterators matter: a small key, so the cache hits across scopes
+    relevant = tuple(sorted((name, tuple(ranges[name])) for name in index_vars(ix) if name in ranges))
     return _simplify_in(ix, relevant)
 
 
 @lru_cache(maxsize=1 << 17)
 def _simplify_in(ix: Index, ranges: tuple) -> Index:
-    return to_index(simplify_form(normalize(ix), dict(ranges)))
+    return to_index(simplify_form(normalize(ix), _as_ranges(dict(ranges))))
 
 
 def simplify_form(form: LinearForm, ranges: Ranges) -> LinearForm:
