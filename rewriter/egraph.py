@@ -50,7 +50,6 @@ from egglog import (
     Schedule,
     StringLike,
     bindings,
-    f64,
     f64Like,
     i64,
     i64Like,

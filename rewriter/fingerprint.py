@@ -28,10 +28,7 @@ from .ir import (
     Access,
     Binary,
     Index,
-    IndexNeg,
-    IndexOp,
     Iterator,
-    Lit,
     Num,
     Scalar,
     Scope,
@@ -39,7 +36,6 @@ from .ir import (
     Unary,
     Var,
     accesses,
-    children,
     index_vars,
     substitute_index,
 )

@@ -1,7 +1,7 @@
 """Expression fusion and merging across the expressions of a program (OLLIE 4.1, Figure 5)."""
 
 from rewriter.dsl import rule
-from rewriter.ir import Access, Binary, Iterator, Program, Scope, Tensor, Unary, Var, accesses, tensor_shapes
+from rewriter.ir import Access, Binary, Iterator, Program, Scope, Tensor, Unary, Var, tensor_shapes
 
 
 def _readers(program: Program, name: str) -> list[str]:
