@@ -9,7 +9,8 @@ compared with ``evaluate(expr)``; a mismatch is dropped and counted, never retur
 
 Guided derivation (section 5.2), one step deep so far: every guided rule is applied to every scope
 of every state that no operator matches yet (iterator merging, operator layout, layout
-transformation), and the results are instantiated too. Post-processing (5.4) is not written yet.
+transformation), and the results are instantiated too. Post-processing (5.4) then drops identity
+eOperators, fuses an eOperator into its only (eOperator) reader, and marks weight-only kernels.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ExpressionError
-from .instantiate import Candidate, Kernel, instantiate
+from .instantiate import Candidate, Kernel, instantiate, postprocess
 from .ir import Scope, tensor_shapes
 from .reference import evaluate
 from .dsl import registered
@@ -52,10 +53,15 @@ def derive(
     time_limit: float | None = None,
     max_states: int | None = 200_000,
     keep: int = 8,
+    weights=(),
     seed: int = 0,
     rtol: float = 1e-6,
 ) -> Derivation:
-    """Candidate programs for ``expr``, best first, each verified against the reference."""
+    """Candidate programs for ``expr``, best first, each verified against the reference.
+
+    ``weights`` names the inputs that are model weights: kernels reading only them are marked for
+    compile-time evaluation (post-processing, OLLIE 5.4).
+    """
     if not isinstance(expr, Scope):
         raise ExpressionError(f"derive() takes a Scope, got {type(expr).__name__}")
     exploration = explore(expr, max_depth, time_limit=time_limit, max_states=max_states)
@@ -66,7 +72,7 @@ def derive(
     eager = registered("eager")
     for state in exploration.states:
         for derived in [state, *_guided_steps(state, guided, eager, memo)]:
-            candidate = instantiate(derived.expr)
+            candidate = postprocess(instantiate(derived.expr), weights)
             candidate.source = derived
             found.setdefault(str(candidate), candidate)
     ranked = sorted(found.values(), key=lambda c: c.cost)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .indexing import affine_coefficients, index_bounds
-from .ir import Access, Binary, Scalar, Scope, Tensor, Unary, tensor_shapes
+from .ir import Access, Binary, Scalar, Scope, Tensor, Unary, nested_scopes, tensor_shapes
 from .reference import evaluate
 
 # The analytic stand-in for measured cost (seconds): a BLAS rate, a generated-kernel rate and
@@ -176,6 +176,7 @@ class Kernel:
     output: str
     expr: Scope
     match: GemmMatch | None = None
+    weight_only: bool = False  # reads only weights: evaluated once at build time (5.4)
 
     @property
     def cost(self) -> float:
@@ -184,11 +185,13 @@ class Kernel:
         fixed = LAUNCH_SECONDS + moved / BYTES_PER_SECOND
         if self.match is not None:
             return self.match.flops / BLAS_FLOPS + fixed
-        points = math.prod(it.size for it in self.expr.iterators)
-        return points * _op_count(self.expr.body) / EOP_OPS + fixed
+        # a fused eOperator still computes its nested scopes (once each): count their work too
+        work = sum(math.prod(it.size for it in s.iterators) * _op_count(s.body) for s in (self.expr, *nested_scopes(self.expr)))
+        return work / EOP_OPS + fixed
 
     def __str__(self) -> str:
-        return f"{self.output} = {self.kind}: {self.expr}"
+        marks = " (weights only)" if self.weight_only else ""
+        return f"{self.output} = {self.kind}{marks}: {self.expr}"
 
 
 def _op_count(body: Scalar) -> int:
@@ -262,3 +265,86 @@ def _lift(scope: Scope, kernels: list[Kernel], names) -> Scope:
 
     return Scope(scope.traversal, scope.summation, walk(scope.body), scope.reduce)
 
+
+
+# --------------------------------------------------------------------------------------------
+# Post-processing (OLLIE 5.4)
+
+
+def postprocess(candidate: Candidate, weights=()) -> Candidate:
+    """Drop identity eOperators, fuse an eOperator into the eOperator that alone reads it, and
+    mark kernels that read only weights (``weights``: input names) for compile-time evaluation."""
+    kernels = list(candidate.kernels)
+    changed = True
+    while changed:
+        changed = _drop_identity(kernels) or _fuse_eops(kernels)
+    constant = set(weights)
+    for index, kernel in enumerate(kernels):
+        if kernel.output != kernels[-1].output and set(tensor_shapes(kernel.expr)) <= constant:
+            kernels[index] = Kernel(kernel.kind, kernel.output, kernel.expr, kernel.match, weight_only=True)
+            constant.add(kernel.output)
+    return Candidate(kernels, candidate.source)
+
+
+def _readers(kernels: list[Kernel], name: str) -> list[int]:
+    return [k for k, kernel in enumerate(kernels) if name in tensor_shapes(kernel.expr)]
+
+
+def _drop_identity(kernels: list[Kernel]) -> bool:
+    """An eOperator that copies a tensor element for element (flattened, the map is x -> x)."""
+    for index, kernel in enumerate(kernels[:-1]):
+        expr = kernel.expr
+        body = expr.body
+        if kernel.kind != "eop" or expr.summation or not isinstance(body, Access) or not isinstance(body.source, Tensor):
+            continue
+        if body.source.shape != expr.shape:
+            continue
+        identity = tuple(it.var - it.lo if it.lo else it.var for it in expr.traversal)
+        if body.indices != identity:
+            continue
+        source = body.source.name
+        for k in _readers(kernels, kernel.output):
+            reader = kernels[k]
+            renamed = _rename_tensor(reader.expr, kernel.output, Tensor(source, body.source.shape))
+            kernels[k] = Kernel(reader.kind, reader.output, renamed, reader.match and match_gemm(renamed))
+        del kernels[index]
+        return True
+    return False
+
+
+def _fuse_eops(kernels: list[Kernel]) -> bool:
+    """eOperator fusion: a producer eOperator read by exactly one later eOperator is inlined."""
+    for index, producer in enumerate(kernels[:-1]):
+        readers = _readers(kernels, producer.output)
+        if producer.kind != "eop" or len(readers) != 1 or kernels[readers[0]].kind != "eop":
+            continue
+        consumer = kernels[readers[0]]
+
+        def read(indices, scope=producer.expr):
+            return scope[tuple(ix + it.lo for ix, it in zip(indices, scope.traversal))]
+
+        fused = _replace_reads(consumer.expr, producer.output, read)
+        kernels[readers[0]] = Kernel("eop", consumer.output, fused)
+        del kernels[index]
+        return True
+    return False
+
+
+def _rename_tensor(scope: Scope, name: str, tensor: Tensor) -> Scope:
+    return _replace_reads(scope, name, lambda indices: tensor[indices])
+
+
+def _replace_reads(scope: Scope, name: str, make) -> Scope:
+    def walk(body: Scalar) -> Scalar:
+        match body:
+            case Access(Tensor(tensor_name, _), indices) if tensor_name == name:
+                return make(indices)
+            case Access(Scope() as inner, indices):
+                return Access(_replace_reads(inner, name, make), indices)
+            case Unary(fn, arg):
+                return Unary(fn, walk(arg))
+            case Binary(op, lhs, rhs):
+                return Binary(op, walk(lhs), walk(rhs))
+        return body
+
+    return Scope(scope.traversal, scope.summation, walk(scope.body), scope.reduce)

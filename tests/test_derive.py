@@ -67,3 +67,30 @@ def test_convtranspose_becomes_one_matmul_and_one_eoperator():
     derivation = derive(expr, max_depth=4)
     assert [k.kind for k in derivation.best.kernels] == ["matmul", "eop"]
     assert derivation.rejected == []
+
+
+def test_postprocessing_fuses_eoperators_and_drops_identities():
+    from rewriter.instantiate import Candidate, Kernel, postprocess
+
+    shapes = {"A": (4, 3)}
+    copy = parse("L i:4, j:3 ; A[i, j]", shapes)
+    scale = parse("L i:4, j:3 ; 2 * T0[i, j]", {"T0": (4, 3)})
+    shift = parse("L j:3, i:4 ; T1[i, j] + 1", {"T1": (4, 3)})
+    candidate = Candidate([Kernel("eop", "T0", copy), Kernel("eop", "T1", scale), Kernel("eop", "out", shift)])
+    processed = postprocess(candidate)
+    assert [k.kind for k in processed.kernels] == ["eop"]
+    a = np.arange(12.0).reshape(4, 3)
+    np.testing.assert_allclose(processed(A=a), candidate(A=a))
+    np.testing.assert_allclose(processed(A=a), (2 * a + 1).T)
+    assert "A[" in str(processed.kernels[0].expr) and "T0" not in str(processed.kernels[0].expr)
+
+
+def test_weight_only_kernels_are_marked():
+    from rewriter.instantiate import Candidate, Kernel, postprocess
+
+    relayout = parse("L a:3, b:4 ; K[b, a]", {"K": (4, 3)})
+    product = parse("L i:2, j:4 ; S a:3 ; A[i, a] * T0[a, j]", {"A": (2, 3), "T0": (3, 4)})
+    candidate = postprocess(Candidate([Kernel("eop", "T0", relayout), Kernel("matmul", "out", product, match_gemm(product))]), ("K",))
+    assert [k.weight_only for k in candidate.kernels] == [True, False]
+    a, k = np.ones((2, 3)), np.arange(12.0).reshape(4, 3)
+    np.testing.assert_allclose(candidate(A=a, K=k), a @ k.T)
