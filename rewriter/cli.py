@@ -2,6 +2,7 @@
 
     rewriter cases [--show NAME]               parse, print and evaluate the public cases
     rewriter eval "EXPRESSION" --shape A=2,3 --shape B=3,4 [--input A=a.npy] [--out y.npy]
+    rewriter derive "EXPRESSION" --shape A=1,7,7,512 --shape K=3,3,512,512 [--max-depth 3]
 """
 
 from __future__ import annotations
@@ -85,6 +86,29 @@ def cmd_eval(args, console: Console) -> int:
     return 0
 
 
+def cmd_derive(args, console: Console) -> int:
+    from .derive import derive
+
+    shapes = dict(_parse_shape(s) for s in args.shape)
+    expr = parse(args.expression, shapes) if args.expression not in CASES else CASES[args.expression].expression()
+    start = time.perf_counter()
+    derivation = derive(expr, max_depth=args.max_depth, time_limit=args.time_limit)
+    elapsed = time.perf_counter() - start
+    console.print(f"{len(derivation.candidates)} verified candidates in {elapsed:.1f} s")
+    table = Table()
+    for column in ("#", "kernels", "estimated ms"):
+        table.add_column(column, no_wrap=True)
+    for rank, candidate in enumerate(derivation.candidates[: args.show], start=1):
+        table.add_row(str(rank), " + ".join(k.kind for k in candidate.kernels), f"{candidate.cost * 1e3:.3f}")
+    console.print(table)
+    console.print(derivation.stats.table(), markup=False, highlight=False)
+    console.print("\nbest:", markup=False)
+    console.print(derivation.explain(derivation.best), markup=False, highlight=False, soft_wrap=True)
+    if derivation.rejected:
+        console.print(f"[red]{len(derivation.rejected)} candidate(s) failed verification and were dropped[/red]")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rewriter", description="Derivation-based tensor program optimizer.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -96,12 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     ev.add_argument("--out", metavar="FILE.npy")
     ev.add_argument("--seed", type=int, default=0)
+    dv = sub.add_parser("derive", help="derive candidate programs (an expression or a public case name)")
+    dv.add_argument("expression")
+    dv.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2")
+    dv.add_argument("--max-depth", type=int, default=3)
+    dv.add_argument("--time-limit", type=float, default=None, metavar="SECONDS")
+    dv.add_argument("--show", type=int, default=5, metavar="N", help="candidates to list")
     args = parser.parse_args(argv)
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)  # pipes and CI logs: do not squeeze the tables to 80 columns
     try:
-        return {"cases": cmd_cases, "eval": cmd_eval}[args.command](args, console)
+        return {"cases": cmd_cases, "eval": cmd_eval, "derive": cmd_derive}[args.command](args, console)
     except ExpressionError as err:
         console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False)
         return 2

@@ -28,3 +28,10 @@ def test_errors_are_one_line_not_a_traceback(capsys):
     assert main(["cases", "--show", "nope"]) == 2
     assert "unknown case 'nope'" in capsys.readouterr().out
     assert main(["eval", "L i:3 ; A[i]", "--shape", "A=three"]) == 2
+
+
+def test_derive_lists_verified_candidates_and_explains_the_best(capsys):
+    code = main(["derive", "L i:4, j:5 ; S k:3 ; A[i, k] * B[k, j]", "--shape", "A=4,3", "--shape", "B=3,5", "--max-depth", "1"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "verified candidates" in out and "matmul" in out and "E1 = L i:4, j:5" in out
