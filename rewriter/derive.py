@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ExpressionError
-from .instantiate import Candidate, Kernel, instantiate, postprocess
-from .ir import Scope, tensor_shapes
+from .instantiate import Candidate, Kernel, _rename_tensor, instantiate, postprocess
+from .ir import Program, Scope, Tensor, tensor_shapes
 from .reference import evaluate
 from .dsl import registered
 from .fingerprint import fingerprint
@@ -66,7 +66,8 @@ def derive(
         raise ExpressionError(f"derive() takes a Scope, got {type(expr).__name__}")
     exploration = explore(expr, max_depth, time_limit=time_limit, max_states=max_states)
     identity = Candidate([Kernel("eop", "out", expr)])
-    found: dict[str, Candidate] = {str(identity): identity}
+    as_given = postprocess(instantiate(expr), weights)  # the input's own scopes, instantiated
+    found: dict[str, Candidate] = {str(identity): identity, str(as_given): as_given}
     guided = registered("guided")
     memo: dict = {}  # eager rule results per scope, shared by every guided step
     eager = registered("eager")
@@ -106,3 +107,75 @@ def _guided_steps(state: State, guided, eager, memo: dict) -> list[State]:
                 path = state.path + (Step(rule_.name, rule_.kind, position, expr), *eager_steps)
                 results.append(State(closed, path, fingerprint(closed)))
     return results
+
+
+@dataclass
+class ProgramDerivation:
+    program: Program
+    candidates: list[Candidate]  # each runs the whole program; outputs come back as a tuple
+    rejected: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+
+def derive_program(program: Program, max_depth: int = 2, *, time_limit: float | None = None, seed: int = 0) -> ProgramDerivation:
+    """OLLIE Algorithm 1 in small: apply the inter-expression rules (merging, fusion) to the
+    program, derive every definition of every variant, stitch the best pieces, verify.
+    """
+    if not isinstance(program, Program):
+        raise ExpressionError(f"derive_program() takes a Program, got {type(program).__name__}")
+    variants = {str(program): program}
+    for rule_ in registered("inter"):
+        for variant in rule_.apply(program):
+            variants.setdefault(str(variant), variant)
+    rng = np.random.default_rng(seed)
+    inputs = {name: rng.uniform(-1, 1, shape) for name, shape in program.inputs.items()}
+    expected = _as_tuple(evaluate(program, inputs))
+    verified, rejected = [], []
+    for variant in variants.values():
+        kernels = []
+        for name, scope in variant.definitions:
+            best = derive(scope, max_depth, time_limit=time_limit, keep=1).best
+            kernels.extend(_renamed(best.kernels, name))
+        candidate = ProgramCandidate(kernels, variant.outputs)
+        got = _as_tuple(candidate(**inputs))
+        if all(np.allclose(g, e, rtol=1e-6, atol=1e-6 * max(1.0, float(np.abs(e).max(initial=0)))) for g, e in zip(got, expected)):
+            verified.append(candidate)
+        else:
+            rejected.append(str(variant))
+    verified.sort(key=lambda c: c.cost)
+    return ProgramDerivation(program, verified, rejected)
+
+
+class ProgramCandidate(Candidate):
+    """A candidate for a whole program: kernels named after the definitions they compute."""
+
+    def __init__(self, kernels, outputs):
+        super().__init__(kernels)
+        self.outputs = tuple(outputs)
+
+    def __call__(self, **inputs):
+        values = dict(inputs)
+        for kernel in self.kernels:
+            values[kernel.output] = Candidate([kernel])(**{n: values[n] for n in tensor_shapes(kernel.expr)})
+        outs = tuple(values[name] for name in self.outputs)
+        return outs[0] if len(outs) == 1 else outs
+
+
+def _renamed(kernels: list[Kernel], name: str) -> list[Kernel]:
+    """A definition's kernels with its temporaries prefixed and its result named ``name``."""
+    mapping = {k.output: (name if k.output == "out" else f"{name}_{k.output}") for k in kernels}
+    result = []
+    for kernel in kernels:
+        expr = kernel.expr
+        for old, new in mapping.items():
+            if old in tensor_shapes(expr):
+                expr = _rename_tensor(expr, old, Tensor(new, tensor_shapes(expr)[old]))
+        result.append(Kernel(kernel.kind, mapping[kernel.output], expr, kernel.match and match_gemm(expr), kernel.weight_only))
+    return result
+
+
+def _as_tuple(value) -> tuple:
+    return value if isinstance(value, tuple) else (value,)

@@ -49,10 +49,11 @@ class Rule:
     doc: str
     generate: Callable[[Scope], Iterable[Scope]] | None = field(default=None, compare=False)
     rewrites: tuple = field(default=(), compare=False)
+    takes: str = "scope"  # "scope", or "program" for inter-expression rules over a Program
 
     def apply(self, scope: Scope | Program) -> list:
         """Every right-hand side of the rule on ``scope``, each checked to have the same outputs."""
-        if self.generate is None:
+        if self.generate is None or isinstance(scope, Program) != (self.takes == "program"):
             return []
         results = []
         try:
@@ -110,15 +111,18 @@ def _register(rule_: Rule, register: bool = True) -> Rule:
     return rule_
 
 
-def rule(name: str, *, section: str, kind: str = "explorative", register: bool = True):
+def rule(name: str, *, section: str, kind: str = "explorative", takes: str = "scope", register: bool = True):
     """Declare a parametric rule: decorate a generator ``scope -> equivalent scopes``.
 
+    ``takes="program"`` declares an inter-expression rule over whole Programs instead.
     ``register=False`` checks the declaration but keeps the rule out of the engine's registry
     (for experiments and tests; pass it to ``explore(rules=...)`` explicitly).
     """
+    if takes not in ("scope", "program"):
+        raise RuleError(f"rule {name!r}: takes must be 'scope' or 'program', got {takes!r}")
 
     def decorate(fn: Callable[[Scope], Iterable[Scope]]) -> Rule:
-        return _register(Rule(name, section, kind, fn.__doc__ or "", generate=fn), register)
+        return _register(Rule(name, section, kind, fn.__doc__ or "", generate=fn, takes=takes), register)
 
     return decorate
 

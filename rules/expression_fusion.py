@@ -26,7 +26,7 @@ def _with_body(scope: Scope, body) -> Scope:
     return Scope(scope.traversal, scope.summation, body, scope.reduce)
 
 
-@rule("expression fusion", section="4.1", kind="inter")
+@rule("expression fusion", section="4.1", kind="inter", takes="program")
 def fuse_expressions(program: Program):
     """Fuse a producer into its only consumer by the chain rule (OLLIE 4.1):
 
@@ -35,8 +35,6 @@ def fuse_expressions(program: Program):
     (shifted by the start of x's range when it is not 0: T is stored from 0). The producer becomes a nested scope (still instantiated once), so later derivation can merge
     traversals across what were two operators. Not applied to outputs or shared producers.
     """
-    if not isinstance(program, Program):
-        return
     defined = dict(program.definitions)
     for name, producer in program.definitions:
         readers = _readers(program, name)
@@ -65,7 +63,7 @@ def _differ_in_one_input(first: Scope, second: Scope):
     return (a, b) if renamed == first else None
 
 
-@rule("expression merging (batch)", section="4.1", kind="inter")
+@rule("expression merging (batch)", section="4.1", kind="inter", takes="program")
 def merge_into_batch(program: Program):
     """Merge two expressions that differ only in one input into one batched expression (4.1):
 
@@ -75,8 +73,6 @@ def merge_into_batch(program: Program):
     ``stack`` is a scope ``{ L b:2, d.. ; A1[d0+D*b, ..] + A2[d0+D*b-D, ..] }`` (each term is
     in bounds for one b only), so several Matmuls sharing B become one BatchMatmul (Figure 5).
     """
-    if not isinstance(program, Program):
-        return
     defs = program.definitions
     for i in range(len(defs)):
         for j in range(i + 1, len(defs)):

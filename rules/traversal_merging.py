@@ -2,26 +2,27 @@
 
 from rewriter.dsl import rule
 from rewriter.indexing import index_bounds, padding_support
-from rewriter.ir import Iterator, Scope, accesses, nested_reads, replace_subterm, substitute
+from rewriter.ir import Access, Iterator, Scope, nested_reads, replace_subterm, substitute
 
 
 @rule("traversal merging", section="4.2", kind="eager")
 def merge_traversal(scope: Scope):
-    """Inline a nested scope that has no summation (OLLIE 4.2):
+    """Inline a nested scope that only re-indexes a tensor (OLLIE 4.2):
 
-        L x ; S y ; g({ L z ; f(z) }[phi(x, y)])   =>   L x ; S y ; g(f(phi(x, y)))
+        L x ; S y ; g({ L z ; T[tau(z)] }[phi(x, y)])   =>   L x ; S y ; g(T[tau(phi(x, y))])
 
+    A scope that computes something (a sum, an addition, a constant tensor such as a ones
+    vector) stays instantiated: inlining it into a summation would repeat its work per read.
     Sound when every read phi(x, y) lies inside the inner box Z (there the read is f; outside it
     would be 0 while f need not be), which is checked by exact range inference over the box of
     x and y, or when f itself is 0 wherever the reads leave Z (islpy: its padding support over
     the grown box stays inside Z). Eager: it removes the identity scopes that variable substitution leaves behind.
-    Scopes that read no tensor (constant tensors such as a ones vector) stay instantiated.
     """
     box = {it.name: (it.lo, it.hi) for it in scope.iterators}
     for access in nested_reads(scope.body):
         inner = access.source
-        if inner.summation or not list(accesses(inner.body)):
-            continue  # a constant tensor (a ones vector, say) was instantiated on purpose
+        if inner.summation or not isinstance(inner.body, Access):
+            continue  # only re-indexing scopes: inlining arithmetic would repeat it per read
         reads = [index_bounds(ix, box) for ix in access.indices]
         if all(it.lo <= lo and hi < it.hi for it, (lo, hi) in zip(inner.traversal, reads)) or _zero_outside(inner, reads):
             mapping = {it.name: ix for it, ix in zip(inner.traversal, access.indices)}

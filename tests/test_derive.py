@@ -94,3 +94,20 @@ def test_weight_only_kernels_are_marked():
     assert [k.weight_only for k in candidate.kernels] == [True, False]
     a, k = np.ones((2, 3)), np.arange(12.0).reshape(4, 3)
     np.testing.assert_allclose(candidate(A=a, K=k), a @ k.T)
+
+
+def test_matmuls_sharing_an_operand_derive_to_one_wider_matmul():
+    from rewriter import parse_program
+    from rewriter.derive import derive_program
+
+    program = parse_program(
+        "C1 = L i:64, j:32 ; S k:48 ; A1[i, k] * B[k, j]\nC2 = L i:64, j:32 ; S k:48 ; A2[i, k] * B[k, j]\nreturn C1, C2",
+        {"A1": (64, 48), "A2": (64, 48), "B": (48, 32)},
+    )
+    derivation = derive_program(program, max_depth=1)
+    merged = [c for c in derivation.candidates if [k.kind for k in c.kernels].count("matmul") == 1]
+    assert merged, [str(c) for c in derivation.candidates]
+    assert derivation.rejected == []
+    inputs = random_inputs(program, 2)
+    for got, want in zip(merged[0](**inputs), evaluate(program, inputs)):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
