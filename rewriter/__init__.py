@@ -28,13 +28,14 @@ from .ir import (
     tensor_shapes,
 )
 from .parser import parse, parse_program
-from .derive import derive
+from .derive import derive, derive_program
 from .search import explore
 
 __all__ = [
     *builders.__all__,
     "ExpressionError",
     "derive",
+    "derive_program",
     "evaluate",
     "explore",
     "parse",

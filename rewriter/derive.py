@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .dsl import registered
 from .errors import ExpressionError
-from .instantiate import Candidate, Kernel, _rename_tensor, instantiate, postprocess
+from .fingerprint import fingerprint
+from .instantiate import Candidate, Kernel, instantiate, match_gemm, postprocess, rename_tensor
 from .ir import Program, Scope, Tensor, tensor_shapes
 from .reference import evaluate
-from .dsl import registered
-from .fingerprint import fingerprint
-from .instantiate import match_gemm
 from .search import SearchStats, State, Step, eager_closure, explore, replace_at, scopes_at
 
 
@@ -172,7 +171,7 @@ def _renamed(kernels: list[Kernel], name: str) -> list[Kernel]:
         expr = kernel.expr
         for old, new in mapping.items():
             if old in tensor_shapes(expr):
-                expr = _rename_tensor(expr, old, Tensor(new, tensor_shapes(expr)[old]))
+                expr = rename_tensor(expr, old, Tensor(new, tensor_shapes(expr)[old]))
         result.append(Kernel(kernel.kind, mapping[kernel.output], expr, kernel.match and match_gemm(expr), kernel.weight_only))
     return result
 

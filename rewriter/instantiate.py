@@ -305,7 +305,7 @@ def _drop_identity(kernels: list[Kernel]) -> bool:
         source = body.source.name
         for k in _readers(kernels, kernel.output):
             reader = kernels[k]
-            renamed = _rename_tensor(reader.expr, kernel.output, Tensor(source, body.source.shape))
+            renamed = rename_tensor(reader.expr, kernel.output, Tensor(source, body.source.shape))
             kernels[k] = Kernel(reader.kind, reader.output, renamed, reader.match and match_gemm(renamed))
         del kernels[index]
         return True
@@ -330,7 +330,7 @@ def _fuse_eops(kernels: list[Kernel]) -> bool:
     return False
 
 
-def _rename_tensor(scope: Scope, name: str, tensor: Tensor) -> Scope:
+def rename_tensor(scope: Scope, name: str, tensor: Tensor) -> Scope:
     return _replace_reads(scope, name, lambda indices: tensor[indices])
 
 
