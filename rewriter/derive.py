@@ -172,7 +172,8 @@ def _renamed(kernels: list[Kernel], name: str) -> list[Kernel]:
         for old, new in mapping.items():
             if old in tensor_shapes(expr):
                 expr = rename_tensor(expr, old, Tensor(new, tensor_shapes(expr)[old]))
-        result.append(Kernel(kernel.kind, mapping[kernel.output], expr, kernel.match and match_gemm(expr), kernel.weight_only))
+        renamed = kernel.with_expr(expr)
+        result.append(Kernel(renamed.kind, mapping[kernel.output], expr, renamed.match, renamed.weight_only))
     return result
 
 

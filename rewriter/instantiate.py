@@ -149,6 +149,64 @@ def match_gemm(scope: Scope) -> GemmMatch | None:
     return GemmMatch(kind, a, b, strides["out"])
 
 
+@dataclass(frozen=True)
+class ConvMatch:
+    """A 2-d convolution: ``input[.., t*stride + s*dilation + offset, ..] * weight[.., s, ..]``."""
+
+    input: str
+    weight: str
+    spatial: tuple[tuple[str, str, int, int], ...]  # (output iterator, kernel iterator, stride, dilation)
+    flops: int
+
+
+def match_conv(scope: Scope) -> ConvMatch | None:
+    """A Conv2d by the CONV2D iterator mapping table: batch/spatial iterators index the input and
+    the output, output channels the weight and the output, input channels and kernel offsets are
+    summed over both; each spatial index of the input correlates one output iterator with one
+    kernel iterator (``h*stride + r*dilation + offset``). Padding is the convolution's own."""
+    body = scope.body
+    if scope.reduce != "sum" or not (isinstance(body, Binary) and body.op == "*"):
+        return None
+    for x, y in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
+        if all(isinstance(t, Access) and isinstance(t.source, Tensor) for t in (x, y)):
+            match = _conv_roles(scope, x, y)
+            if match is not None:
+                return match
+    return None
+
+
+def _conv_roles(scope: Scope, x: Access, y: Access) -> ConvMatch | None:
+    traversal = {it.name for it in scope.traversal}
+    box = {it.name: (it.lo, it.hi) for it in scope.iterators}
+    in_weight = set()
+    for dim, ix in enumerate(y.indices):
+        form = affine_coefficients(ix)
+        lo, hi = index_bounds(ix, box)
+        if form is None or len(form[0]) != 1 or set(form[0].values()) != {1} or lo < 0 or hi >= y.source.shape[dim]:
+            return None
+        in_weight |= set(form[0])
+    spatial, covered = [], set(in_weight)
+    for ix in x.indices:
+        form = affine_coefficients(ix)
+        if form is None:
+            return None
+        (coefficients, _), names = form, set(form[0])
+        if len(names) == 2:
+            outer, kernel = sorted(names & traversal), sorted((names - traversal) & in_weight)
+            if len(outer) != 1 or len(kernel) != 1 or min(coefficients.values()) <= 0:
+                return None  # a spatial index pairs one output iterator with one kernel offset
+            spatial.append((outer[0], kernel[0], coefficients[outer[0]], coefficients[kernel[0]]))
+            covered |= names
+        elif len(names) == 1 and set(coefficients.values()) == {1}:
+            covered |= names
+        elif names:
+            return None
+    if len(spatial) != 2 or covered != set(box):
+        return None
+    flops = 2 * math.prod(it.size for it in scope.iterators)
+    return ConvMatch(x.source.name, y.source.name, tuple(spatial), flops)
+
+
 def run_gemm(match: GemmMatch, values: dict[str, np.ndarray], out_shape) -> np.ndarray:
     """C[b, m, n] = A[b, m, :] @ B[b, :, n] on strided views of the operands (no copies made here)."""
 
@@ -175,7 +233,7 @@ class Kernel:
     kind: str  # "matmul", "batch_matmul", or "eop" (an eOperator)
     output: str
     expr: Scope
-    match: GemmMatch | None = None
+    match: GemmMatch | ConvMatch | None = None
     weight_only: bool = False  # reads only weights: evaluated once at build time (5.4)
 
     @property
@@ -188,6 +246,13 @@ class Kernel:
         # a fused eOperator still computes its nested scopes (once each): count their work too
         work = sum(math.prod(it.size for it in s.iterators) * _op_count(s.body) for s in (self.expr, *nested_scopes(self.expr)))
         return work / EOP_OPS + fixed
+
+    def with_expr(self, expr: Scope) -> Kernel:
+        """The same kernel over a renamed expression (matched again: names are in the match)."""
+        if self.kind == "eop":
+            return Kernel("eop", self.output, expr, None, self.weight_only)
+        matched = _kernel(expr, self.output)
+        return Kernel(matched.kind, self.output, expr, matched.match, self.weight_only)
 
     def __str__(self) -> str:
         marks = " (weights only)" if self.weight_only else ""
@@ -220,7 +285,7 @@ class Candidate:
     def __call__(self, **inputs) -> np.ndarray:
         values = {name: np.asarray(value, dtype=np.float64) for name, value in inputs.items()}
         for kernel in self.kernels:
-            if kernel.match is not None:
+            if isinstance(kernel.match, GemmMatch):
                 values[kernel.output] = run_gemm(kernel.match, values, kernel.expr.shape)
             else:
                 needed = {name: values[name] for name in tensor_shapes(kernel.expr)}
@@ -241,8 +306,11 @@ def instantiate(expr: Scope) -> Candidate:
 
 
 def _kernel(scope: Scope, output: str) -> Kernel:
-    match = match_gemm(scope)
-    return Kernel(match.kind if match else "eop", output, scope, match)
+    gemm = match_gemm(scope)
+    if gemm is not None:
+        return Kernel(gemm.kind, output, scope, gemm)
+    conv = match_conv(scope)
+    return Kernel("conv2d", output, scope, conv) if conv else Kernel("eop", output, scope)
 
 
 def _lift(scope: Scope, kernels: list[Kernel], names) -> Scope:
@@ -306,7 +374,7 @@ def _drop_identity(kernels: list[Kernel]) -> bool:
         for k in _readers(kernels, kernel.output):
             reader = kernels[k]
             renamed = rename_tensor(reader.expr, kernel.output, Tensor(source, body.source.shape))
-            kernels[k] = Kernel(reader.kind, reader.output, renamed, reader.match and match_gemm(renamed))
+            kernels[k] = reader.with_expr(renamed)
         del kernels[index]
         return True
     return False
