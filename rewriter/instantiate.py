@@ -207,6 +207,77 @@ def _conv_roles(scope: Scope, x: Access, y: Access) -> ConvMatch | None:
     return ConvMatch(x.source.name, y.source.name, tuple(spatial), flops)
 
 
+@dataclass(frozen=True)
+class BandMatch:
+    """G2BMM or GBMM (Longformer band matmuls): ``Y[.., i + dilation*w + offset, ..]`` reads a band."""
+
+    kind: str  # "g2bmm" (w is an output iterator) or "gbmm" (w is summed)
+    x: str
+    y: str
+    row: str  # i
+    band: str  # w
+    dilation: int
+    flops: int
+
+
+def match_band(scope: Scope) -> BandMatch | None:
+    """A band matmul by the G2BMM/GBMM rows of the iterator mapping table: every index reads one
+    iterator, except one index of the second operand that reads ``i + dilation*w + offset``, where
+    i also indexes the first operand and w is the band (an output iterator for G2BMM, a summed one
+    for GBMM, indexing the first operand too)."""
+    body = scope.body
+    if scope.reduce != "sum" or not (isinstance(body, Binary) and body.op == "*"):
+        return None
+    for x, y in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
+        if all(isinstance(t, Access) and isinstance(t.source, Tensor) for t in (x, y)):
+            match = _band_roles(scope, x, y)
+            if match is not None:
+                return match
+    return None
+
+
+def _single_iterators(access: Access) -> set | None:
+    names = set()
+    for ix in access.indices:
+        form = affine_coefficients(ix)
+        if form is None or len(form[0]) > 1 or set(form[0].values()) - {1}:
+            return None
+        names |= set(form[0])
+    return names
+
+
+def _band_roles(scope: Scope, x: Access, y: Access) -> BandMatch | None:
+    in_x = _single_iterators(x)
+    if in_x is None:
+        return None
+    combined = [affine_coefficients(ix) for ix in y.indices]
+    if any(f is None for f in combined):
+        return None
+    pairs = [f[0] for f in combined if len(f[0]) == 2]
+    singles = [f[0] for f in combined if len(f[0]) < 2]
+    if len(pairs) != 1 or any(set(f.values()) - {1} for f in singles):
+        return None
+    (pair,) = pairs
+    rows = [n for n, c in pair.items() if c == 1 and n in in_x]
+    if len(rows) != 1:
+        return None
+    row = rows[0]
+    (band,) = set(pair) - {row}
+    dilation = pair[band]
+    traversal = {it.name for it in scope.traversal}
+    in_y = set().union(*(set(f) for f in singles)) | {row}
+    if dilation <= 0 or band in in_y or row not in traversal:
+        return None
+    if band in traversal:  # G2BMM: out[.., i, w] = sum_k X[.., i, k] * Y[.., i + D*w, k]
+        kind, ok = "g2bmm", band not in in_x and all(n in in_x and n in in_y for n in set(in_x | in_y) - {band})
+    else:  # GBMM: out[.., i, k] = sum_w X[.., i, w] * Y[.., i + D*w, k]
+        kind, ok = "gbmm", band in in_x and row in in_y
+    if not ok or set(in_x | in_y | {band}) != {it.name for it in scope.iterators}:
+        return None
+    flops = 2 * math.prod(it.size for it in scope.iterators)
+    return BandMatch(kind, x.source.name, y.source.name, row, band, dilation, flops)
+
+
 def run_gemm(match: GemmMatch, values: dict[str, np.ndarray], out_shape) -> np.ndarray:
     """C[b, m, n] = A[b, m, :] @ B[b, :, n] on strided views of the operands (no copies made here)."""
 
@@ -233,7 +304,7 @@ class Kernel:
     kind: str  # "matmul", "batch_matmul", or "eop" (an eOperator)
     output: str
     expr: Scope
-    match: GemmMatch | ConvMatch | None = None
+    match: GemmMatch | ConvMatch | BandMatch | None = None
     weight_only: bool = False  # reads only weights: evaluated once at build time (5.4)
 
     @property
@@ -310,7 +381,10 @@ def _kernel(scope: Scope, output: str) -> Kernel:
     if gemm is not None:
         return Kernel(gemm.kind, output, scope, gemm)
     conv = match_conv(scope)
-    return Kernel("conv2d", output, scope, conv) if conv else Kernel("eop", output, scope)
+    if conv is not None:
+        return Kernel("conv2d", output, scope, conv)
+    band = match_band(scope)
+    return Kernel(band.kind, output, scope, band) if band else Kernel("eop", output, scope)
 
 
 def _lift(scope: Scope, kernels: list[Kernel], names) -> Scope:

@@ -125,3 +125,18 @@ def test_convolutions_match_the_conv2d_table_with_stride_and_dilation():
     candidate = instantiate(expr)
     assert [k.kind for k in candidate.kernels] == ["conv2d"]
     np.testing.assert_allclose(candidate(**inputs), evaluate(expr, inputs), rtol=1e-12)
+
+
+def test_band_matmuls_match_the_g2bmm_and_gbmm_tables():
+    from rewriter import g2bmm, gbmm
+    from rewriter.instantiate import match_band
+
+    dilated = match_band(CASES["g2bmm"].expression())
+    assert (dilated.kind, dilated.dilation) == ("g2bmm", 4)
+    for expr, kind in ((g2bmm((2, 10, 4), (2, 10, 4), width=2), "g2bmm"), (gbmm((2, 10, 5), (2, 10, 3), width=2, dilation=2), "gbmm")):
+        candidate = instantiate(expr)
+        assert [k.kind for k in candidate.kernels] == [kind]
+        inputs = random_inputs(expr, 5)
+        np.testing.assert_allclose(candidate(**inputs), evaluate(expr, inputs), rtol=1e-12)
+    assert match_band(CASES["conv3x3"].expression()) is None
+    assert match_band(matmul((3, 4), (4, 5))) is None
