@@ -149,6 +149,16 @@ def match_gemm(scope: Scope) -> GemmMatch | None:
     return GemmMatch(kind, a, b, strides["out"])
 
 
+def _operand_orders(scope: Scope) -> list[tuple[Access, Access]]:
+    """(input, weight) both ways round for a summed product of two tensor reads, else nothing."""
+    body = scope.body
+    if scope.reduce != "sum" or not (isinstance(body, Binary) and body.op == "*"):
+        return []
+    if not all(isinstance(t, Access) and isinstance(t.source, Tensor) for t in (body.lhs, body.rhs)):
+        return []
+    return [(body.lhs, body.rhs), (body.rhs, body.lhs)]
+
+
 @dataclass(frozen=True)
 class ConvMatch:
     """A 2-d convolution: ``input[.., t*stride + s*dilation + offset, ..] * weight[.., s, ..]``."""
@@ -164,15 +174,7 @@ def match_conv(scope: Scope) -> ConvMatch | None:
     the output, output channels the weight and the output, input channels and kernel offsets are
     summed over both; each spatial index of the input correlates one output iterator with one
     kernel iterator (``h*stride + r*dilation + offset``). Padding is the convolution's own."""
-    body = scope.body
-    if scope.reduce != "sum" or not (isinstance(body, Binary) and body.op == "*"):
-        return None
-    for x, y in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
-        if all(isinstance(t, Access) and isinstance(t.source, Tensor) for t in (x, y)):
-            match = _conv_roles(scope, x, y)
-            if match is not None:
-                return match
-    return None
+    return next((m for x, y in _operand_orders(scope) if (m := _conv_roles(scope, x, y))), None)
 
 
 def _conv_roles(scope: Scope, x: Access, y: Access) -> ConvMatch | None:
@@ -225,15 +227,7 @@ def match_band(scope: Scope) -> BandMatch | None:
     iterator, except one index of the second operand that reads ``i + dilation*w + offset``, where
     i also indexes the first operand and w is the band (an output iterator for G2BMM, a summed one
     for GBMM, indexing the first operand too)."""
-    body = scope.body
-    if scope.reduce != "sum" or not (isinstance(body, Binary) and body.op == "*"):
-        return None
-    for x, y in ((body.lhs, body.rhs), (body.rhs, body.lhs)):
-        if all(isinstance(t, Access) and isinstance(t.source, Tensor) for t in (x, y)):
-            match = _band_roles(scope, x, y)
-            if match is not None:
-                return match
-    return None
+    return next((m for x, y in _operand_orders(scope) if (m := _band_roles(scope, x, y))), None)
 
 
 def _single_iterators(access: Access) -> set | None:
