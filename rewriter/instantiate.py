@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .indexing import affine_coefficients, index_bounds
-from .ir import Access, Binary, Scalar, Scope, Tensor, Unary, nested_scopes, tensor_shapes
+from .ir import Access, Binary, Scalar, Scope, Tensor, Unary, map_accesses, nested_scopes, replace_reads, tensor_shapes
 from .reference import evaluate
 
 # The analytic stand-in for measured cost (seconds): a BLAS rate, a generated-kernel rate and
@@ -384,22 +384,17 @@ def _kernel(scope: Scope, output: str) -> Kernel:
 def _lift(scope: Scope, kernels: list[Kernel], names) -> Scope:
     """``scope`` with each nested scope replaced by a read of a kernel's output tensor."""
 
-    def walk(body: Scalar) -> Scalar:
-        match body:
-            case Access(Scope() as inner, indices):
-                inner = _lift(inner, kernels, names)
-                name = next(names)
-                kernels.append(_kernel(inner, name))
-                # a kernel output is stored from 0; the scope was read in iterator coordinates
-                shifted = tuple(ix - it.lo for ix, it in zip(indices, inner.traversal))
-                return Access(Tensor(name, inner.shape), shifted)
-            case Unary(fn, arg):
-                return Unary(fn, walk(arg))
-            case Binary(op, lhs, rhs):
-                return Binary(op, walk(lhs), walk(rhs))
-        return body
+    def lift(access: Access) -> Scalar:
+        if not isinstance(access.source, Scope):
+            return access
+        inner = _lift(access.source, kernels, names)
+        name = next(names)
+        kernels.append(_kernel(inner, name))
+        # a kernel output is stored from 0; the scope was read in iterator coordinates
+        shifted = tuple(ix - it.lo for ix, it in zip(access.indices, inner.traversal))
+        return Access(Tensor(name, inner.shape), shifted)
 
-    return Scope(scope.traversal, scope.summation, walk(scope.body), scope.reduce)
+    return Scope(scope.traversal, scope.summation, map_accesses(scope.body, lift), scope.reduce)
 
 
 
@@ -459,7 +454,8 @@ def _fuse_eops(kernels: list[Kernel]) -> bool:
         def read(indices, scope=producer.expr):
             return scope[tuple(ix + it.lo for ix, it in zip(indices, scope.traversal))]
 
-        fused = _replace_reads(consumer.expr, producer.output, read)
+        expr = consumer.expr
+        fused = Scope(expr.traversal, expr.summation, replace_reads(expr.body, producer.output, read), expr.reduce)
         kernels[readers[0]] = Kernel("eop", consumer.output, fused)
         del kernels[index]
         return True
@@ -467,20 +463,4 @@ def _fuse_eops(kernels: list[Kernel]) -> bool:
 
 
 def rename_tensor(scope: Scope, name: str, tensor: Tensor) -> Scope:
-    return _replace_reads(scope, name, lambda indices: tensor[indices])
-
-
-def _replace_reads(scope: Scope, name: str, make) -> Scope:
-    def walk(body: Scalar) -> Scalar:
-        match body:
-            case Access(Tensor(tensor_name, _), indices) if tensor_name == name:
-                return make(indices)
-            case Access(Scope() as inner, indices):
-                return Access(_replace_reads(inner, name, make), indices)
-            case Unary(fn, arg):
-                return Unary(fn, walk(arg))
-            case Binary(op, lhs, rhs):
-                return Binary(op, walk(lhs), walk(rhs))
-        return body
-
-    return Scope(scope.traversal, scope.summation, walk(scope.body), scope.reduce)
+    return Scope(scope.traversal, scope.summation, replace_reads(scope.body, name, lambda ix: tensor[ix]), scope.reduce)

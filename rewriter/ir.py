@@ -614,16 +614,37 @@ def substitute_index(ix: Index, mapping: dict[str, Index]) -> Index:
     raise ExpressionError(f"{ix!r} is not an index expression")
 
 
+def map_accesses(body: Scalar, fn) -> Scalar:
+    """The body with each access ``a`` replaced by ``fn(a)``, left to right (nested scopes are
+    not entered: ``fn`` sees their reads and decides)."""
+    match body:
+        case Access():
+            return fn(body)
+        case Unary(name, arg):
+            return Unary(name, map_accesses(arg, fn))
+        case Binary(op, lhs, rhs):
+            lhs = map_accesses(lhs, fn)  # evaluated first: fn may count accesses
+            return Binary(op, lhs, map_accesses(rhs, fn))
+    return body
+
+
+def replace_reads(body: Scalar, name: str, make) -> Scalar:
+    """The body with every read ``name[idx]`` of a tensor (nested scopes included) replaced by
+    ``make(idx)``: renaming a tensor, or inlining the scope that produces it."""
+
+    def read(access: Access) -> Scalar:
+        source = access.source
+        if isinstance(source, Scope):
+            inner = Scope(source.traversal, source.summation, replace_reads(source.body, name, make), source.reduce)
+            return Access(inner, access.indices)
+        return make(access.indices) if source.name == name else access
+
+    return map_accesses(body, read)
+
+
 def substitute(body: Scalar, mapping: dict[str, Index]) -> Scalar:
     """The body with iterators replaced in every index (nested scopes are closed: untouched)."""
-    match body:
-        case Access(source, indices):
-            return Access(source, tuple(substitute_index(ix, mapping) for ix in indices))
-        case Unary(fn, arg):
-            return Unary(fn, substitute(arg, mapping))
-        case Binary(op, lhs, rhs):
-            return Binary(op, substitute(lhs, mapping), substitute(rhs, mapping))
-    return body
+    return map_accesses(body, lambda a: Access(a.source, tuple(substitute_index(ix, mapping) for ix in a.indices)))
 
 
 def replace_subterm(body: Scalar, old: Scalar, new: Scalar) -> Scalar:

@@ -23,7 +23,7 @@ from typing import Iterator as PyIterator, Sequence
 from .dsl import Rule, registered
 from .errors import ExpressionError
 from .fingerprint import canonical, fingerprint
-from .ir import Access, Binary, Scalar, Scope, Unary, accesses
+from .ir import Access, Scope, accesses, map_accesses
 
 Position = tuple[int, ...]  # access numbers (left to right) leading from the root to a nested scope
 
@@ -47,20 +47,12 @@ def replace_at(expr: Scope, position: Position, new: Scope) -> Scope:
     counter = iter(range(1 << 30))
     target, rest = position[0], position[1:]
 
-    def rebuild(body: Scalar) -> Scalar:
-        match body:
-            case Access(source, indices):
-                if next(counter) == target:
-                    return Access(replace_at(source, rest, new), indices)  # type: ignore[arg-type]
-                return body
-            case Unary(fn, arg):
-                return Unary(fn, rebuild(arg))
-            case Binary(op, lhs, rhs):
-                lhs = rebuild(lhs)
-                return Binary(op, lhs, rebuild(rhs))
-        return body
+    def rebuild(access: Access) -> Access:  # accesses are numbered left to right, as scopes_at does
+        if next(counter) == target:
+            return Access(replace_at(access.source, rest, new), access.indices)  # type: ignore[arg-type]
+        return access
 
-    return Scope(expr.traversal, expr.summation, rebuild(expr.body), expr.reduce)
+    return Scope(expr.traversal, expr.summation, map_accesses(expr.body, rebuild), expr.reduce)
 
 
 # --------------------------------------------------------------------------------------------

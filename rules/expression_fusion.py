@@ -1,25 +1,11 @@
 """Expression fusion and merging across the expressions of a program (OLLIE 4.1, Figure 5)."""
 
 from rewriter.dsl import rule
-from rewriter.ir import Access, Binary, Iterator, Program, Scope, Tensor, Unary, Var, tensor_shapes
+from rewriter.ir import Iterator, Program, Scope, Tensor, Var, replace_reads, tensor_shapes
 
 
 def _readers(program: Program, name: str) -> list[str]:
     return [n for n, e in program.definitions if name in tensor_shapes(e)]
-
-
-def _replace_tensor(body, name: str, make):
-    """The body with every read ``name[idx]`` replaced by ``make(idx)``."""
-    match body:
-        case Access(Tensor(tensor_name, _), indices) if tensor_name == name:
-            return make(indices)
-        case Access(Scope() as inner, indices):  # nested scopes read it too
-            return Access(_with_body(inner, _replace_tensor(inner.body, name, make)), indices)
-        case Unary(fn, arg):
-            return Unary(fn, _replace_tensor(arg, name, make))
-        case Binary(op, lhs, rhs):
-            return Binary(op, _replace_tensor(lhs, name, make), _replace_tensor(rhs, name, make))
-    return body
 
 
 def _with_body(scope: Scope, body) -> Scope:
@@ -45,7 +31,7 @@ def fuse_expressions(program: Program):
         def read(indices, producer=producer):
             return producer[tuple(ix + it.lo for ix, it in zip(indices, producer.traversal))]
 
-        fused = _with_body(defined[consumer], _replace_tensor(defined[consumer].body, name, read))
+        fused = _with_body(defined[consumer], replace_reads(defined[consumer].body, name, read))
         definitions = tuple((n, fused if n == consumer else e) for n, e in program.definitions if n != name)
         yield Program(definitions, program.outputs)
 
@@ -59,7 +45,7 @@ def _differ_in_one_input(first: Scope, second: Scope):
     (a,), (b,) = only_a, only_b
     if a_names[a] != b_names[b] or first.traversal != second.traversal:
         return None
-    renamed = _with_body(second, _replace_tensor(second.body, b, lambda ix: Tensor(a, b_names[b])[ix]))
+    renamed = _with_body(second, replace_reads(second.body, b, lambda ix: Tensor(a, b_names[b])[ix]))
     return (a, b) if renamed == first else None
 
 
@@ -93,7 +79,7 @@ def merge_into_batch(program: Program):
             batched = Scope(
                 (Iterator(bname, 0, 2),) + e1.traversal,
                 e1.summation,
-                _replace_tensor(e1.body, a, lambda ix: stacked[(bvar,) + tuple(ix)]),
+                replace_reads(e1.body, a, lambda ix: stacked[(bvar,) + tuple(ix)]),
                 e1.reduce,
             )
             merged_name = next(f"{n1}_{n2}{k or ''}" for k in range(100) if f"{n1}_{n2}{k or ''}" not in dict(defs))

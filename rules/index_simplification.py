@@ -2,7 +2,7 @@
 
 from rewriter.dsl import rule
 from rewriter.indexing import simplify
-from rewriter.ir import Access, Binary, Scope, Unary
+from rewriter.ir import Access, Scope, map_accesses
 
 
 @rule("index simplification", section="4.2", kind="eager")
@@ -15,17 +15,6 @@ def simplify_indices(scope: Scope):
     leave such indices behind and the fingerprints read better without them.
     """
     ranges = {it.name: (it.lo, it.hi) for it in scope.iterators}
-    body = _simplified(scope.body, ranges)
+    body = map_accesses(scope.body, lambda a: Access(a.source, tuple(simplify(ix, ranges) for ix in a.indices)))
     if body != scope.body:
         yield Scope(scope.traversal, scope.summation, body, scope.reduce)
-
-
-def _simplified(body, ranges):
-    match body:
-        case Access(source, indices):
-            return Access(source, tuple(simplify(ix, ranges) for ix in indices))
-        case Unary(fn, arg):
-            return Unary(fn, _simplified(arg, ranges))
-        case Binary(op, lhs, rhs):
-            return Binary(op, _simplified(lhs, ranges), _simplified(rhs, ranges))
-    return body
