@@ -22,7 +22,7 @@ import numpy as np
 from .dsl import registered
 from .errors import ExpressionError
 from .fingerprint import fingerprint
-from .instantiate import Candidate, Kernel, instantiate, match_gemm, postprocess, rename_tensor
+from .instantiate import Candidate, Kernel, instantiate, postprocess, rename_tensor, wants_operator
 from .ir import Program, Scope, Tensor, tensor_shapes
 from .reference import evaluate
 from .search import SearchStats, State, Step, eager_closure, explore, replace_at, scopes_at
@@ -55,6 +55,7 @@ def derive(
     weights=(),
     seed: int = 0,
     rtol: float = 1e-6,
+    guided_depth: int = 1,
 ) -> Derivation:
     """Candidate programs for ``expr``, best first, each verified against the reference.
 
@@ -66,16 +67,19 @@ def derive(
     exploration = explore(expr, max_depth, time_limit=time_limit, max_states=max_states)
     identity = Candidate([Kernel("eop", "out", expr)])
     as_given = postprocess(instantiate(expr), weights)  # the input's own scopes, instantiated
-    found: dict[str, Candidate] = {str(identity): identity, str(as_given): as_given}
+    found = {_key(identity): identity, _key(as_given): as_given}
     guided = registered("guided")
     memo: dict = {}  # eager rule results per scope, shared by every guided step
     eager = registered("eager")
+    seen = {state.fingerprint for state in exploration.states}
     for state in exploration.states:
-        for derived in [state, *_guided_steps(state, guided, eager, memo)]:
+        for derived in [state, *_guided(state, guided, eager, memo, seen, guided_depth)]:
             candidate = postprocess(instantiate(derived.expr), weights)
+            if [k.kind for k in candidate.kernels] == ["eop"]:
+                continue  # one eOperator for everything is the identity re-indexed: codegen's business
             candidate.source = derived
-            found.setdefault(str(candidate), candidate)
-    ranked = sorted(found.values(), key=lambda c: c.cost)
+            found.setdefault(_key(candidate), candidate)
+    ranked = _diverse(sorted(found.values(), key=lambda c: c.cost))
     rng = np.random.default_rng(seed)
     inputs = {name: rng.uniform(-1, 1, shape) for name, shape in tensor_shapes(expr).items()}
     expected = evaluate(expr, inputs)
@@ -93,18 +97,55 @@ def derive(
     return Derivation(expr, verified, exploration.stats, rejected)
 
 
-def _guided_steps(state: State, guided, eager, memo: dict) -> list[State]:
-    """One guided rule application on each scope no operator matches (guided steps are free)."""
+def _diverse(ranked: list[Candidate]) -> list[Candidate]:
+    """The cheapest candidate of each kernel-kind sequence first, then the rest, each by cost:
+    the analytic stand-in must not crowd out a structure that measurement may prefer."""
+    firsts, seen = [], set()
+    for candidate in ranked:
+        structure = tuple(_structure(k) for k in candidate.kernels)
+        if structure not in seen:
+            seen.add(structure)
+            firsts.append(candidate)
+    return firsts + [c for c in ranked if c not in firsts]
+
+
+def _structure(kernel: Kernel) -> tuple:
+    """A kernel's kind and, for an operator, its iteration box: a dilated and a plain
+    convolution are different structures, two orders of the same eOperator are not."""
+    if kernel.kind == "eop":
+        return ("eop",)
+    return kernel.kind, tuple(sorted(it.size for it in kernel.expr.iterators))
+
+
+def _key(candidate: Candidate) -> tuple:
+    """Candidates equal up to iterator names are one candidate."""
+    return tuple((k.kind, k.output, fingerprint(k.expr)) for k in candidate.kernels)
+
+
+def _guided(state: State, guided, eager, memo: dict, seen: set, depth: int) -> list[State]:
+    """Guided derivation (OLLIE 5.2): from ``state``, up to ``depth`` guided steps, each applied
+    only to scopes that have an operator's shape but match no operator table yet. Guided steps
+    do not count against ``max_depth``; states already seen are not walked again."""
+    found, frontier = [], [state]
+    for _ in range(depth):
+        frontier = [s for s in _guided_steps(frontier, guided, eager, memo) if s.fingerprint not in seen]
+        seen.update(s.fingerprint for s in frontier)
+        found += frontier
+    return found
+
+
+def _guided_steps(states: list[State], guided, eager, memo: dict) -> list[State]:
     results = []
-    for position, scope in scopes_at(state.expr):
-        if match_gemm(scope) is not None:
-            continue
-        for rule_ in guided:
-            for result in rule_.apply(scope):
-                expr = replace_at(state.expr, position, result)
-                closed, eager_steps = eager_closure(expr, eager, memo)
-                path = state.path + (Step(rule_.name, rule_.kind, position, expr), *eager_steps)
-                results.append(State(closed, path, fingerprint(closed)))
+    for state in states:
+        for position, scope in scopes_at(state.expr):
+            if not wants_operator(scope):
+                continue
+            for rule_ in guided:
+                for result in rule_.apply(scope):
+                    expr = replace_at(state.expr, position, result)
+                    closed, eager_steps = eager_closure(expr, eager, memo)
+                    path = state.path + (Step(rule_.name, rule_.kind, position, expr), *eager_steps)
+                    results.append(State(closed, path, fingerprint(closed)))
     return results
 
 

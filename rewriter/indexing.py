@@ -372,7 +372,14 @@ def index_bounds(ix: Index, ranges: Ranges | Iterable[Iterator]) -> tuple[int, i
     Interval arithmetic on the normal form, where each iterator appears once (so exact for an
     affine index); every iterator of ``ix`` needs a range.
     """
-    return _form_bounds(normalize(ix), _as_ranges(ranges))
+    box = ranges if isinstance(ranges, Mapping) else {it.name: (it.lo, it.hi) for it in ranges}
+    # only the ranges of the index's own iterators matter: that makes the answer cacheable
+    return _bounds_on(ix, tuple((n, tuple(box[n])) for n in sorted(index_vars(ix)) if n in box))
+
+
+@lru_cache(maxsize=1 << 16)
+def _bounds_on(ix: Index, ranges: tuple) -> tuple[int, int]:
+    return _form_bounds(normalize(ix), _as_ranges(dict(ranges)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -631,6 +638,21 @@ def _padding_support(scope: Scope) -> tuple:
         (it.name, (support.dim_min_val(k).to_python(), support.dim_max_val(k).to_python() + 1))
         for k, it in enumerate(scope.traversal)
     )
+
+
+def vanishes_outside(body: Scalar, box: Sequence[Iterator], ix: Index, lo: int, hi: int) -> bool:
+    """Whether ``body`` is 0 at every point of ``box`` where ``ix`` leaves [lo, hi) (exact, isl).
+
+    This is what makes growing a summation range sound: the added points must add nothing.
+    """
+    rename = _positional({it.name: None for it in box})
+    condition = _support_condition(body, rename)
+    if condition is None:
+        return False
+    dims = ", ".join(rename[it.name] for it in box)
+    where = isl_index(ix, rename)
+    outside = f"({where} < {lo} or {where} >= {hi})"
+    return isl.Set(f"{{ [{dims}] : {isl_box(box, rename)} and {condition} and {outside} }}").is_empty()
 
 
 def _support_condition(body: Scalar, rename: Mapping[str, str]) -> str | None:

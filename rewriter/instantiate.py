@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
+from .dsl import affine_index
 from .indexing import affine_coefficients, index_bounds
-from .ir import Access, Binary, Scalar, Scope, Tensor, Unary, map_accesses, nested_scopes, replace_reads, tensor_shapes
+from .ir import Access, Binary, Iterator, Scalar, Scope, Tensor, Unary, Var, map_accesses, nested_scopes, replace_reads, tensor_shapes
 from .reference import evaluate
 
 # The analytic stand-in for measured cost (seconds): a BLAS rate, a generated-kernel rate and
@@ -366,19 +368,48 @@ def instantiate(expr: Scope) -> Candidate:
     kernels: list[Kernel] = []
     names = iter(f"T{k}" for k in range(1 << 30))
     root = _lift(expr, kernels, names)
-    kernels.append(_kernel(root, "out"))
+    _emit(root, "out", kernels, names)
     return Candidate(kernels)
 
 
 def _kernel(scope: Scope, output: str) -> Kernel:
+    kind, match = match_operator(scope)
+    return Kernel(kind, output, scope, match)
+
+
+def wants_operator(scope: Scope) -> bool:
+    """Whether ``scope`` has an operator's shape (a summed product of two tensor reads) but no
+    operator table matches it yet: what guided derivation works on."""
+    return bool(_operand_orders(scope)) and match_operator(scope)[0] == "eop"
+
+
+@lru_cache(maxsize=1 << 14)
+def match_operator(scope: Scope) -> tuple[str, object]:
+    """(kind, match) of the first operator table that matches, else ("eop", None); cached because
+    the states of a search share most of their scopes."""
     gemm = match_gemm(scope)
     if gemm is not None:
-        return Kernel(gemm.kind, output, scope, gemm)
+        return gemm.kind, gemm
     conv = match_conv(scope)
     if conv is not None:
-        return Kernel("conv2d", output, scope, conv)
+        return "conv2d", conv
     band = match_band(scope)
-    return Kernel(band.kind, output, scope, band) if band else Kernel("eop", output, scope)
+    return (band.kind, band) if band else ("eop", None)
+
+
+def _emit(scope: Scope, output: str, kernels: list[Kernel], names) -> None:
+    """The kernel computing ``scope``; where no operator matches the operands as laid out but
+    one matches them re-laid out (split dimensions), the layout eOperators come first."""
+    kernel = _kernel(scope, output)
+    # every operator is a summed product of two reads: only those are worth re-laying out
+    relaid = _split_layouts(scope) if kernel.kind == "eop" and _operand_orders(scope) else None
+    if relaid is not None:
+        layouts: list[Kernel] = []
+        matched = _kernel(_lift(relaid, layouts, names), output)
+        if matched.kind != "eop":
+            kernels.extend(layouts)
+            kernel = matched
+    kernels.append(kernel)
 
 
 def _lift(scope: Scope, kernels: list[Kernel], names) -> Scope:
@@ -389,13 +420,79 @@ def _lift(scope: Scope, kernels: list[Kernel], names) -> Scope:
             return access
         inner = _lift(access.source, kernels, names)
         name = next(names)
-        kernels.append(_kernel(inner, name))
+        _emit(inner, name, kernels, names)
         # a kernel output is stored from 0; the scope was read in iterator coordinates
         shifted = tuple(ix - it.lo for ix, it in zip(access.indices, inner.traversal))
         return Access(Tensor(name, inner.shape), shifted)
 
     return Scope(scope.traversal, scope.summation, map_accesses(scope.body, lift), scope.reduce)
 
+
+# --------------------------------------------------------------------------------------------
+# Layout eOperators for operands (OLLIE 4.3.1, Equations (3)-(4))
+
+
+@lru_cache(maxsize=1 << 14)
+def _split_layouts(scope: Scope) -> Scope | None:
+    """``scope`` reading each tensor whose indices look like ``d*e1 + e2`` (0 <= e2 < d) through a
+    layout scope that splits that dimension in two, ``X'[.., e2, e1, ..]``; None if none does.
+
+    This is how a dilated band or convolution becomes a plain one after a split ``i = d*p + q``:
+    ``Y[i + d*w]`` reads ``Y'[q, p + w]``, and q joins the batch.
+    """
+    box = {it.name: (it.lo, it.hi) for it in scope.iterators}
+    changed = False
+
+    def relaid(access: Access) -> Scalar:
+        nonlocal changed
+        if not isinstance(access.source, Tensor):
+            return access
+        splits = [_dimension_split(ix, box, size) for ix, size in zip(access.indices, access.source.shape)]
+        if not any(splits):
+            return access
+        changed = True
+        return _layout_read(access, splits)
+
+    body = map_accesses(scope.body, relaid)
+    return Scope(scope.traversal, scope.summation, body, scope.reduce) if changed else None
+
+
+def _dimension_split(ix, box: dict, size: int):
+    """(d, e1, e2, e2's range, e1's range within the dimension) for ``ix = d*e1 + e2``, or None."""
+    form = affine_coefficients(ix)
+    if form is None:
+        return None
+    coefficients, constant = form
+    for d in sorted({abs(c) for c in coefficients.values() if abs(c) > 1}, reverse=True):
+        outer = {v: c // d for v, c in coefficients.items() if c % d == 0}
+        inner = {v: c for v, c in coefficients.items() if c % d}
+        if not outer or not inner:
+            continue
+        e1, e2 = affine_index(outer, constant // d), affine_index(inner, constant % d)
+        q_lo, q_hi = index_bounds(e2, box)
+        if 0 <= q_lo and q_hi < d:
+            j_lo, j_hi = index_bounds(e1, box)
+            j_lo, j_hi = max(j_lo, 0), min(j_hi, (size - 1 - q_lo) // d)  # beyond: all padding
+            if j_lo <= j_hi:
+                return d, e1, e2, (q_lo, q_hi + 1), (j_lo, j_hi + 1)
+    return None
+
+
+def _layout_read(access: Access, splits) -> Access:
+    """The access through ``{ L .., q, j, .. ; X[.., d*j + q, ..] }[.., e2, e1, ..]``."""
+    traversal, reads, indices = [], [], []
+    for k, (ix, split, size) in enumerate(zip(access.indices, splits, access.source.shape)):
+        if split is None:
+            traversal.append(Iterator(f"d{k}", 0, size))
+            reads.append(Var(f"d{k}"))
+            indices.append(ix)
+            continue
+        d, e1, e2, q_range, j_range = split
+        traversal += [Iterator(f"q{k}", *q_range), Iterator(f"j{k}", *j_range)]
+        reads.append(d * Var(f"j{k}") + Var(f"q{k}"))
+        indices += [e2, e1]
+    layout = Scope(tuple(traversal), (), access.source[tuple(reads)])
+    return layout[tuple(indices)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -422,25 +519,41 @@ def _readers(kernels: list[Kernel], name: str) -> list[int]:
 
 
 def _drop_identity(kernels: list[Kernel]) -> bool:
-    """An eOperator that copies a tensor element for element (flattened, the map is x -> x)."""
-    for index, kernel in enumerate(kernels[:-1]):
-        expr = kernel.expr
-        body = expr.body
-        if kernel.kind != "eop" or expr.summation or not isinstance(body, Access) or not isinstance(body.source, Tensor):
+    """An eOperator that copies a tensor element for element (flattened, the map is x -> x):
+    its readers read the source instead; a final copy of a kernel's output renames that output."""
+    produced = {k.output: k for k in kernels}
+    for index, kernel in enumerate(kernels):
+        source = _copied(kernel)
+        if source is None:
             continue
-        if body.source.shape != expr.shape:
-            continue
-        identity = tuple(it.var - it.lo if it.lo else it.var for it in expr.traversal)
-        if body.indices != identity:
-            continue
-        source = body.source.name
-        for k in _readers(kernels, kernel.output):
-            reader = kernels[k]
-            renamed = rename_tensor(reader.expr, kernel.output, Tensor(source, body.source.shape))
-            kernels[k] = reader.with_expr(renamed)
+        if index < len(kernels) - 1:
+            _rename_reads(kernels, kernel.output, source)
+        elif source in produced:
+            producer = produced[source]
+            kernels[kernels.index(producer)] = Kernel(producer.kind, kernel.output, producer.expr, producer.match, producer.weight_only)
+            _rename_reads(kernels, source, kernel.output)
+        else:
+            continue  # the whole program copies an input: that copy is the program
         del kernels[index]
         return True
     return False
+
+
+def _copied(kernel: Kernel) -> str | None:
+    """The tensor an eOperator copies unchanged, or None."""
+    expr, body = kernel.expr, kernel.expr.body
+    if kernel.kind != "eop" or expr.summation or not isinstance(body, Access) or not isinstance(body.source, Tensor):
+        return None
+    identity = tuple(it.var - it.lo if it.lo else it.var for it in expr.traversal)
+    return body.source.name if body.source.shape == expr.shape and body.indices == identity else None
+
+
+def _rename_reads(kernels: list[Kernel], old: str, new: str) -> None:
+    """Readers of ``old`` read ``new`` (a tensor of the same shape) instead."""
+    for k in _readers(kernels, old):
+        reader = kernels[k]
+        tensor = Tensor(new, tensor_shapes(reader.expr)[old])
+        kernels[k] = reader.with_expr(rename_tensor(reader.expr, old, tensor))
 
 
 def _fuse_eops(kernels: list[Kernel]) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Iterable, Iterator as PyIterator, Union
 
@@ -179,8 +180,9 @@ def as_index(value: IndexLike | str) -> Index:
     return Lit(_as_int(value, "an index"))
 
 
+@lru_cache(maxsize=1 << 16)
 def index_vars(ix: Index) -> frozenset[str]:
-    """The iterator names an index reads."""
+    """The iterator names an index reads (cached: the search asks about the same indices often)."""
     match ix:
         case Var(name):
             return frozenset((name,))

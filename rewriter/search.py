@@ -269,6 +269,9 @@ def _expand(frontier, explorative, eager, states, current, graph, budget, stats,
                 current.match_s += tock - tick
                 egraph_before = current.rebuild_s
                 for result in results:
+                    if budget.max_states is not None and len(states) >= budget.max_states:
+                        stats.stop_reason = "states"  # a rule with many results stops mid-way
+                        return new_frontier
                     current.applications[rule_.name] += 1
                     child = _derive(state, position, scope, result, rule_, eager, graph, current, memo)
                     if child.fingerprint in states:

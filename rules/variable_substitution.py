@@ -3,8 +3,8 @@
 from itertools import product
 
 from rewriter.dsl import affine_index, fresh_name, rule, substitute_traversal
-from rewriter.indexing import affine_coefficients
-from rewriter.ir import Iterator, Scope, Var, accesses
+from rewriter.indexing import affine_coefficients, vanishes_outside
+from rewriter.ir import Iterator, Scope, Var, accesses, substitute
 
 
 @rule("variable substitution", section="4.2")
@@ -124,11 +124,12 @@ def _merges(scope: Scope):
 
 
 def _splits(scope: Scope):
-    """i = k*p + q, 0 <= q < k, for each stride k written beside i in an index."""
+    """i = k*p + q, 0 <= q < k, for each stride k written beside traversal iterator i in an index."""
     taken = {it.name for it in scope.iterators}
     factors: dict[str, set[int]] = {}
-    for _, forms in _traversal_forms(scope):
-        for coeffs in forms:
+    for access in accesses(scope.body):
+        # a stride beside i may belong to a summation iterator: h + 2*r (a dilated kernel)
+        for coeffs, _ in filter(None, map(affine_coefficients, access.indices)):
             for v, c in coeffs.items():
                 if abs(c) == 1:
                     factors.setdefault(v, set()).update(abs(o) for w, o in coeffs.items() if w != v and abs(o) > 1)
@@ -144,3 +145,58 @@ def _splits(scope: Scope):
             inverse = {o.name: Var(o.name) for o in scope.traversal if o is not it}
             inverse[it.name] = k * Var(p) + Var(q)
             yield scope.traversal[:k_index] + (new_p, new_q) + scope.traversal[k_index + 1 :], forward, inverse
+
+
+@rule("summation iterator splitting", section="4.2")
+def split_summation_iterators(scope: Scope):
+    """Variable substitution on summation iterators, with boundary relaxing (OLLIE 4.2):
+
+        L x ; S r:R ; f(r)   =>   L x ; S ro:ceil(R/k), ri:k ; f(k*ro + ri)
+
+    The new box may hold up to k-1 points past R; they must add nothing, so the rule applies to
+    sums only and islpy checks that f reads padding there (a kernel offset past the kernel's
+    edge). The split iterators are kernel offsets, read beside a traversal iterator (``h+r``),
+    and all offsets of one size split together: Conv5x5's r, s -> 3*ro + ri, 3*so + si is the
+    step toward a Conv3x3 over four shifted kernels (SRCNN in OLLIE's evaluation).
+    """
+    if scope.reduce != "sum":
+        return  # a max over padded zeros is not the max
+    by_size: dict[int, list[Iterator]] = {}
+    for it in _offsets(scope):
+        by_size.setdefault(it.size, []).append(it)
+    for size, group in by_size.items():
+        for k in range(2, size):
+            if -size % k <= 1:  # at most one padded offset per outer value
+                split = _split_summation(scope, group, k)
+                if split is not None:
+                    yield split
+
+
+def _offsets(scope: Scope) -> list[Iterator]:
+    """Summation iterators that share an index with a traversal iterator."""
+    traversal = {it.name for it in scope.traversal}
+    shared = set()
+    for access in accesses(scope.body):
+        for form in filter(None, map(affine_coefficients, access.indices)):
+            if traversal & set(form[0]):
+                shared |= set(form[0]) - traversal
+    return [it for it in scope.summation if it.name in shared]
+
+
+def _split_summation(scope: Scope, group: list[Iterator], k: int) -> Scope | None:
+    taken = {it.name for it in scope.iterators}
+    summation, mapping, checks = [], {}, []
+    for it in scope.summation:
+        if it not in group:
+            summation.append(it)
+            continue
+        outer, inner = fresh_name(f"{it.name}o", taken), fresh_name(f"{it.name}i", taken)
+        taken |= {outer, inner}
+        summation += [Iterator(outer, 0, -(-it.size // k)), Iterator(inner, 0, k)]
+        mapping[it.name] = k * Var(outer) + Var(inner) + it.lo if it.lo else k * Var(outer) + Var(inner)
+        checks.append((mapping[it.name], it.lo, it.hi))
+    body = substitute(scope.body, mapping)
+    box = scope.traversal + tuple(summation)
+    if all(vanishes_outside(body, box, ix, lo, hi) for ix, lo, hi in checks):
+        return Scope(scope.traversal, tuple(summation), body, scope.reduce)
+    return None

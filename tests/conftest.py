@@ -2,6 +2,7 @@
 
 * ``tests/`` is put on ``sys.path`` so test modules can ``from strategies import ...`` (there is
   no ``tests/__init__.py``), and the repository root so ``rewriter`` imports without installing.
+* Tests marked ``slow`` are skipped unless ``RUN_SLOW=1`` (see below).
 * Hypothesis profiles: ``default`` and ``ci`` (200 examples, no deadline), ``dev`` (30 examples);
   ``HYPOTHESIS_PROFILE=dev python3 -m pytest tests`` picks one.
 """
@@ -24,3 +25,16 @@ settings.register_profile("default", max_examples=200, **_COMMON)
 settings.register_profile("ci", max_examples=200, **_COMMON)
 settings.register_profile("dev", max_examples=30, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` (full-size searches, minutes each) run with ``RUN_SLOW=1`` or
+    ``-m slow``; the default run skips them so it stays well under CI's budget."""
+    if os.environ.get("RUN_SLOW") or "slow" in (config.getoption("markexpr") or ""):
+        return
+    import pytest
+
+    skip = pytest.mark.skip(reason="slow: set RUN_SLOW=1 or pass -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -1,6 +1,7 @@
 """derive(): candidates are derived from the naive expression, instantiated, and verified."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 
 from rewriter import conv2d, derive, evaluate, matmul, parse
@@ -140,3 +141,59 @@ def test_band_matmuls_match_the_g2bmm_and_gbmm_tables():
         np.testing.assert_allclose(candidate(**inputs), evaluate(expr, inputs), rtol=1e-12)
     assert match_band(CASES["conv3x3"].expression()) is None
     assert match_band(matmul((3, 4), (4, 5))) is None
+
+
+def _convs(candidate):
+    return [k for k in candidate.kernels if k.kind == "conv2d"]
+
+
+def _kernel_extent(kernel) -> tuple:
+    """(kernel height, kernel width, dilation) of a matched conv2d kernel."""
+    sizes = {it.name: it.size for it in kernel.expr.iterators}
+    (_, r, _, dr), (_, s, _, ds) = kernel.match.spatial
+    return sizes[r], sizes[s], max(dr, ds)
+
+
+def _conv5x5_becomes_conv3x3(expr, max_depth):
+    derivation = derive(expr, max_depth=max_depth)
+    smaller = [c for c in derivation.candidates if len(_convs(c)) == 1 and _kernel_extent(_convs(c)[0]) == (3, 3, 1)]
+    assert smaller, [str(c) for c in derivation.candidates]
+    assert derivation.rejected == []
+    best = smaller[0]
+    assert "summation iterator splitting" in derivation.explain(best)
+    inputs = random_inputs(expr, 6)
+    np.testing.assert_allclose(best(**inputs), evaluate(expr, inputs), rtol=1e-9, atol=1e-9)
+    return best
+
+
+def test_conv5x5_becomes_a_conv3x3_plus_eoperators():
+    """SRCNN in OLLIE: r = 3*ro + ri (the 6th offset reads padding), the ro, so sums move out,
+    the inner scope skews h + 3*ro: four shifted 3x3 kernels as one Conv3x3 and an OffsetAdd."""
+    best = _conv5x5_becomes_conv3x3(conv2d((2, 4, 12, 12), (3, 4, 5, 5), padding=2), max_depth=3)
+    assert [k.kind for k in best.kernels] == ["eop", "conv2d", "eop"]  # weight layout, conv, OffsetAdd
+
+
+@pytest.mark.slow
+def test_conv5x5_public_case_becomes_a_conv3x3_plus_eoperators():
+    _conv5x5_becomes_conv3x3(CASES["conv5x5"].expression(), max_depth=3)
+
+
+def test_dilated_g2bmm_becomes_a_plain_g2bmm_plus_layout_eoperators():
+    """Longformer in OLLIE: i = 4*p + q turns Kt[i + 4*j] into Kt'[q, p + j]: dilation 1, q batched."""
+    expr = CASES["g2bmm"].expression()
+    derivation = derive(expr, max_depth=1)
+    plain = [c for c in derivation.candidates if any(k.kind == "g2bmm" and k.match.dilation == 1 for k in c.kernels)]
+    assert plain and derivation.rejected == []
+    kinds = [k.kind for k in plain[0].kernels]
+    assert kinds.count("g2bmm") == 1 and set(kinds) == {"g2bmm", "eop"}
+    assert "variable substitution" in derivation.explain(plain[0])
+
+
+def test_dilated_conv_becomes_a_plain_conv_plus_eoperators():
+    """CSRNet in OLLIE (as in PET): h = 2*p + q, w = 2*p1 + q1 make the dilation-2 reads plain."""
+    expr = conv2d((1, 8, 14, 14), (8, 8, 3, 3), dilation=2, padding=2)
+    derivation = derive(expr, max_depth=2)
+    plain = [c for c in derivation.candidates if len(_convs(c)) == 1 and _kernel_extent(_convs(c)[0]) == (3, 3, 1)]
+    assert plain and derivation.rejected == []
+    inputs = random_inputs(expr, 7)
+    np.testing.assert_allclose(plain[0](**inputs), evaluate(expr, inputs), rtol=1e-9, atol=1e-9)
