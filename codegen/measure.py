@@ -1,0 +1,376 @@
+"""Measured kernel costs: a timing harness and the persistent database that remembers its results.
+
+The optimizer ranks candidates by what they cost on the machine at hand, and the same kernel (same
+text, shapes, dtype and schedule) recurs across candidates, searches and runs. So each distinct
+kernel *signature* is timed once per device and the result is kept in an sqlite database:
+
+* ``time_callable(fn)`` warms ``fn`` up, batches calls until one sample is far above the timer's
+  resolution, repeats samples until a minimum count and a minimum total time are reached (within
+  ``max_seconds``), and reports the median per call with its spread; a noisy run is repeated once.
+* ``MeasurementDB`` stores one ``Timing`` per ``(device, signature)``. It is in WAL mode with a
+  busy timeout, so several processes may read and write it at once, and every write is a single
+  committed transaction, so a process killed mid-write loses at most its uncommitted row.
+
+``device_id()`` names the CPU the timings hold for; a GPU backend passes its own ``device=``.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import platform
+import sqlite3
+import statistics
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+#: A run whose interquartile range exceeds this fraction of its median is noisy.
+NOISE_THRESHOLD = 0.1
+#: Samples taken per run when the caller gives no ``repeats``.
+DEFAULT_REPEATS = 5
+#: One sample lasts at least this long: about 10^6 times perf_counter's resolution on Linux and
+#: 10^4 times on Windows, and long enough that loop and timer-call overhead vanish.
+SAMPLE_SECONDS = 1e-3
+#: How long a writer waits for another process's lock before sqlite gives up.
+BUSY_TIMEOUT_SECONDS = 60.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS measurements (
+    device    TEXT    NOT NULL,
+    signature TEXT    NOT NULL,
+    median    REAL    NOT NULL,
+    spread    REAL    NOT NULL,
+    repeats   INTEGER NOT NULL,
+    noisy     INTEGER NOT NULL,
+    created   REAL    NOT NULL,
+    PRIMARY KEY (device, signature)
+) WITHOUT ROWID
+"""
+
+_UPSERT = """
+INSERT INTO measurements (device, signature, median, spread, repeats, noisy, created)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (device, signature) DO UPDATE SET
+    median = excluded.median, spread = excluded.spread, repeats = excluded.repeats,
+    noisy = excluded.noisy, created = excluded.created
+"""
+
+# Connections inherited across fork(). Closing one in the child would run sqlite's close logic
+# (checkpoint, WAL cleanup) against locks that belong to the parent, so they are kept referenced
+# and never touched again.
+_INHERITED: list[sqlite3.Connection] = []
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One kernel's measured cost.
+
+    ``median`` is seconds per call; ``spread`` the interquartile range over the median (0 for a
+    single sample); ``repeats`` the number of samples; ``noisy`` whether the spread stayed above
+    ``NOISE_THRESHOLD`` (after a second run, where ``max_seconds`` left time for one), so the
+    median should be trusted less.
+    """
+
+    median: float
+    spread: float
+    repeats: int
+    noisy: bool
+
+
+# ---------------------------------------------------------------------------------------------
+# Device and signatures
+
+
+@lru_cache(maxsize=1)
+def device_id() -> str:
+    """Name the machine a CPU timing is valid for: CPU model, architecture, cores, numpy's BLAS.
+
+    Timings move when any of these change (OpenBLAS picks its kernels by CPU model), and none of
+    them change between runs on the same machine, so the string keys the database across runs.
+    """
+    parts = [_cpu_model(), platform.machine(), f"{os.cpu_count()} cores"]
+    blas = _numpy_blas()
+    if blas:
+        parts.append(blas)
+    return " | ".join(parts)
+
+
+def _cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo where there is one, else what platform says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown cpu"
+
+
+def _numpy_blas() -> str:
+    """numpy's BLAS as ``name version``, or '' when numpy does not say (it is informational)."""
+    try:
+        import numpy
+
+        blas = numpy.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas['name']} {blas.get('version', '')}".strip()
+    except Exception:  # noqa: BLE001 - an old numpy or an odd build must not stop measuring
+        return ""
+
+
+def signature(*parts: object) -> str:
+    """A fixed-length key for a kernel: sha256 hex over the parts (text, shapes, dtype, schedule).
+
+    Each part is length-prefixed, so ("ab", "c") and ("a", "bc") get different signatures.
+    """
+    h = hashlib.sha256()
+    for part in parts:
+        data = str(part).encode("utf-8")
+        h.update(f"{len(data)}:".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+def time_callable(
+    fn: Callable[[], object],
+    *,
+    warmup: int = 2,
+    repeats: int | None = None,
+    min_seconds: float = 0.05,
+    max_seconds: float = 2.0,
+) -> Timing:
+    """Time ``fn()``: the median seconds per call over repeated samples.
+
+    ``warmup`` calls come first (one-off costs: allocation, page faults, lazy compilation). Each
+    sample then runs ``fn`` enough times in a row to last ``SAMPLE_SECONDS``, so microsecond
+    kernels are not lost in timer resolution. Samples continue until there are at least
+    ``repeats`` (default ``DEFAULT_REPEATS``) and together they took ``min_seconds``. If the run is
+    noisy it is repeated once and the steadier run kept. ``max_seconds`` bounds the whole call
+    loosely: once it has passed, no new warm-up, batch or sample starts, but at least one sample
+    is always taken.
+    """
+    if warmup < 0 or (repeats is not None and repeats < 1) or max_seconds <= 0:
+        raise ValueError("need warmup >= 0, repeats >= 1 and max_seconds > 0")
+    deadline = time.perf_counter() + max_seconds
+    _warm_up(fn, warmup, deadline)
+    number = _calls_per_sample(fn, deadline)
+    count = DEFAULT_REPEATS if repeats is None else repeats
+    first = _run(fn, number, count, min_seconds, deadline)
+    if not first.noisy or time.perf_counter() >= deadline:
+        return first
+    second = _run(fn, number, count, min_seconds, deadline)
+    return min(first, second, key=lambda t: t.spread)
+
+
+def _warm_up(fn: Callable[[], object], calls: int, deadline: float) -> None:
+    """Call ``fn`` up to ``calls`` times; the first always runs, the rest only before the deadline."""
+    for i in range(calls):
+        if i and time.perf_counter() >= deadline:
+            return
+        fn()
+
+
+def _calls_per_sample(fn: Callable[[], object], deadline: float) -> int:
+    """How many calls make one sample last ``SAMPLE_SECONDS``: double a batch until it does."""
+    number = 1
+    while _batch(fn, number) < SAMPLE_SECONDS and time.perf_counter() < deadline:
+        number *= 2
+    return number
+
+
+def _run(fn: Callable[[], object], number: int, count: int, min_seconds: float, deadline: float) -> Timing:
+    """Take samples until ``count`` of them and ``min_seconds`` in all, or the deadline."""
+    samples: list[float] = []
+    total = 0.0
+    while len(samples) < count or total < min_seconds:
+        elapsed = _batch(fn, number)
+        samples.append(elapsed / number)
+        total += elapsed
+        if time.perf_counter() >= deadline:
+            break
+    return summarise(samples)
+
+
+def _batch(fn: Callable[[], object], number: int) -> float:
+    """Seconds for ``number`` back-to-back calls, with the garbage collector held off.
+
+    A collection triggered by garbage the kernel did not make would land in one sample only and
+    widen the spread, so it is postponed to between samples (as ``timeit`` does).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        return time.perf_counter() - start
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def summarise(samples: list[float]) -> Timing:
+    """Median, relative interquartile range and noise flag of per-call sample times.
+
+    The median and quartiles ignore the few samples hit by interrupts or other processes, where a
+    mean and standard deviation would absorb them.
+    """
+    if not samples:
+        raise ValueError("no samples")
+    median = statistics.median(samples)
+    spread = 0.0
+    if len(samples) > 1 and median > 0:
+        q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+        spread = (q3 - q1) / median
+    return Timing(median=median, spread=spread, repeats=len(samples), noisy=spread > NOISE_THRESHOLD)
+
+
+# ---------------------------------------------------------------------------------------------
+# The database
+
+
+def default_path() -> Path:
+    """Where measurements live unless the caller says otherwise.
+
+    ``$REWRITER_CACHE/measurements.sqlite`` lets tests and CI isolate the cache; otherwise the
+    user cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``), so timings survive across runs.
+    """
+    if os.environ.get("REWRITER_CACHE"):
+        return Path(os.environ["REWRITER_CACHE"]) / "measurements.sqlite"
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "rewriter" / "measurements.sqlite"
+
+
+class MeasurementDB:
+    """Measured ``Timing``s keyed by ``(device, signature)``, shared by every process on a machine.
+
+    Each process uses its own sqlite connection (opened on first use there, including after
+    fork or when the object is pickled to a spawned process). WAL mode lets readers proceed
+    while one process writes; the busy timeout makes concurrent writers queue instead of failing.
+    ``synchronous=NORMAL`` keeps every committed transaction across a killed process (only a power
+    loss may drop the last few), which is enough for a cache that can always be re-measured.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = os.getpid()
+        self._connection()
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickle the location only: a connection cannot cross processes."""
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.path = Path(state["path"])
+        self._conn = None
+        self._pid = os.getpid()
+
+    def _connection(self) -> sqlite3.Connection:
+        """This process's connection, opened (and the schema created) on first use here."""
+        if self._conn is not None and self._pid != os.getpid():
+            _INHERITED.append(self._conn)
+            self._conn = None
+        if self._conn is None:
+            self._conn = _open(self.path)
+            self._pid = os.getpid()
+        return self._conn
+
+    def get(self, signature: str, device: str | None = None) -> Timing | None:
+        """The stored timing of ``signature`` on ``device`` (default: this CPU), or None."""
+        row = self._connection().execute(
+            "SELECT median, spread, repeats, noisy FROM measurements WHERE device = ? AND signature = ?",
+            (device or device_id(), signature),
+        ).fetchone()
+        if row is None:
+            return None
+        median, spread, repeats, noisy = row
+        return Timing(median=median, spread=spread, repeats=repeats, noisy=bool(noisy))
+
+    def put(self, signature: str, timing: Timing, device: str | None = None) -> None:
+        """Store (or replace) one timing in a single committed transaction."""
+        self._connection().execute(
+            _UPSERT,
+            (
+                device or device_id(),
+                signature,
+                timing.median,
+                timing.spread,
+                timing.repeats,
+                int(timing.noisy),
+                time.time(),
+            ),
+        )
+
+    def measure(
+        self, signature: str, fn: Callable[[], object], device: str | None = None, **timing_kwargs: object
+    ) -> Timing:
+        """The timing of ``signature``: the stored one, else ``time_callable(fn, ...)`` stored.
+
+        Two processes that miss the same signature at once both time it and the later write
+        wins; holding a lock while timing would stall every other writer for seconds.
+        """
+        stored = self.get(signature, device)
+        if stored is not None:
+            return stored
+        timing = time_callable(fn, **timing_kwargs)
+        self.put(signature, timing, device)
+        return timing
+
+    def __len__(self) -> int:
+        return self._connection().execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+
+    def close(self) -> None:
+        """Close this process's connection; the next call opens a new one."""
+        if self._conn is not None and self._pid == os.getpid():
+            self._conn.close()
+        self._conn = None
+
+    def __enter__(self) -> MeasurementDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """Open ``path`` in autocommit mode (each statement its own transaction), WAL, with the schema.
+
+    ``timeout`` is sqlite's busy timeout: a locked database makes this process wait, not fail.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+    try:
+        _enable_wal(conn)
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute(_SCHEMA)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL (a no-op once it is), retrying while another process holds a lock.
+
+    sqlite does not call the busy handler for this pragma, so without the retry, processes that
+    open a fresh database at the same moment fail with "database is locked".
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if err.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)

@@ -1,0 +1,948 @@
+"""ONNX front-end: an ONNX model as a ``Program`` of the expression IR (DESIGN.md, "Programs and
+models").
+
+    from rewriter.onnx_frontend import load_onnx
+    model = load_onnx("resnet18.onnx")
+    outputs = model.run({"input": x})              # ONNX output name -> array
+    evaluate(model.program, model.feeds({"input": x}))   # the same through the reference semantics
+
+Every ONNX node becomes one definition of the program, named after its (sanitised) output name;
+the graph inputs and the weights are the program's input tensors. Weights are initializers and
+Constant nodes, with each BatchNormalization folded into the Conv/ConvTranspose before it (its
+only reader) at build time; a BatchNormalization anywhere else is a per-channel affine scope.
+
+Shapes are static: a graph input with a symbolic dimension is refused (naming the tensor) unless
+``input_shapes`` fixes it. The front-end computes every shape itself from the builders and checks
+it against ONNX shape inference wherever that knows the shape.
+
+What is not supported fails loudly, never silently wrong: all unsupported operators of a model are
+listed in one ``OnnxImportError`` (with node names) before anything else is done, then all unknown
+attributes; an attribute value the front-end does not handle (``ceil_mode=1``, ``Pad`` mode
+``reflect``, ...) is an error naming the node and the attribute.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from .builders import (
+    add,
+    batch_matmul,
+    binary,
+    conv2d,
+    conv_transpose2d,
+    matmul,
+    mul,
+    reduce_mean,
+    reduce_sum,
+    relu,
+    sigmoid,
+    softmax,
+    tanh,
+)
+from .errors import ExpressionError
+from .ir import (
+    BINARY_FUNCTIONS,
+    KEYWORDS,
+    UNARY_FUNCTIONS,
+    Index,
+    Iterator,
+    Lit,
+    Num,
+    Program,
+    Scope,
+    Tensor,
+    Unary,
+    Var,
+)
+from .reference import evaluate
+
+__all__ = ["Model", "OnnxImportError", "load_onnx", "SUPPORTED_OPS"]
+
+
+class OnnxImportError(ExpressionError):
+    """An ONNX model the front-end cannot translate; the message names the file, node or tensor."""
+
+
+@dataclass(frozen=True, eq=False)
+class Model:
+    """An imported ONNX model.
+
+    ``program`` reads the graph inputs and the weights as named tensors; ``weights`` maps program
+    tensor names to values (only the constants the program reads, BatchNormalization folded in);
+    ``inputs`` maps ONNX graph input names to their static shapes; ``outputs`` are the ONNX output
+    names, in order (``program.outputs`` are their program names); ``names`` maps every ONNX value
+    name the program uses to its program tensor name (ONNX names need not be identifiers).
+    """
+
+    program: Program
+    weights: dict[str, np.ndarray]
+    inputs: dict[str, tuple[int, ...]]
+    outputs: tuple[str, ...]
+    names: dict[str, str]
+
+    def feeds(self, inputs: Mapping[str, object]) -> dict[str, object]:
+        """The program's input tensors for ``evaluate``: ``inputs`` (by ONNX name) and the weights."""
+        missing = sorted(set(self.inputs) - set(inputs))
+        if missing:
+            raise OnnxImportError(f"missing model input(s): {', '.join(missing)}")
+        return {**self.weights, **{self.names[name]: inputs[name] for name in self.inputs}}
+
+    def run(self, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """Evaluate the program (reference semantics) on inputs by ONNX name; outputs by ONNX name."""
+        values = evaluate(self.program, self.feeds(inputs))
+        values = values if isinstance(values, tuple) else (values,)
+        return dict(zip(self.outputs, values))
+
+
+def load_onnx(source, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Model:
+    """Translate an ONNX model (a path or a ``ModelProto``) to a ``Model``.
+
+    ``input_shapes`` fixes the symbolic dimensions of graph inputs (ONNX name -> shape).
+    """
+    onnx = _import_onnx()
+    model, where = _read(onnx, source)
+    _check_ops(model.graph, where)
+    _check_node_attributes(model.graph, where)
+    constants = _constants(onnx, model.graph)
+    shapes = _input_shapes(onnx, model.graph, constants, input_shapes or {})
+    inferred = _inferred_shapes(onnx, model, shapes, where)
+    nodes = _fold_batch_norms(onnx, model.graph, constants)
+    return _Build(onnx, _opset(model), constants, shapes, inferred).run(nodes, model.graph)
+
+
+def _import_onnx():
+    try:
+        import onnx
+    except ImportError:
+        raise OnnxImportError("the ONNX front-end needs the onnx package: pip install 'rewriter[onnx]'") from None
+    return onnx
+
+
+def _read(onnx, source):
+    """The model and how messages name it; an unreadable or corrupt file is an error naming it."""
+    if isinstance(source, onnx.ModelProto):
+        return source, f"ONNX model {source.graph.name or '(unnamed graph)'!r}"
+    if not isinstance(source, (str, os.PathLike)):
+        raise OnnxImportError(f"load_onnx() takes a path or an onnx.ModelProto, got {type(source).__name__}")
+    path = os.fspath(source)
+    try:
+        model = onnx.load(path)
+    except Exception as err:  # OSError, protobuf's DecodeError, onnx's own errors
+        raise OnnxImportError(f"cannot read ONNX model {path}: {type(err).__name__}: {err}") from None
+    if not model.graph.node and not model.graph.output:
+        raise OnnxImportError(f"cannot read ONNX model {path}: it holds no graph")
+    return model, path
+
+
+def _opset(model) -> int:
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    return versions[0] if versions else 1
+
+
+def _op_key(node) -> str:
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+
+
+def _label(node, position: int) -> str:
+    """How messages name a node: its name, else its position and first output."""
+    if node.name:
+        return f"{_op_key(node)} node {node.name!r}"
+    first = node.output[0] if node.output else ""
+    return f"{_op_key(node)} node #{position} (output {first!r})"
+
+
+def _check_ops(graph, where: str) -> None:
+    """One error listing every unsupported operator with its node, before any other work."""
+    unsupported = [(_op_key(node), _label(node, k)) for k, node in enumerate(graph.node) if _op_key(node) not in SUPPORTED_OPS]
+    if unsupported:
+        kinds = sorted({op for op, _ in unsupported})
+        raise OnnxImportError(
+            f"{where}: {len(unsupported)} node(s) with unsupported operators ({', '.join(kinds)}): "
+            + "; ".join(label for _, label in unsupported)
+            + f". Supported: {', '.join(sorted(SUPPORTED_OPS))}"
+        )
+
+
+def _check_node_attributes(graph, where: str) -> None:
+    """One error listing every attribute no handler reads (legacy or unknown semantics), every
+    node output beyond the first that is used (MaxPool indices, training-mode statistics), and
+    every Constant node without exactly one value."""
+    problems = []
+    for k, node in enumerate(graph.node):
+        known = SUPPORTED_OPS[_op_key(node)].attributes
+        problems += [f"{_label(node, k)}: attribute {a.name!r} is not supported" for a in node.attribute if a.name not in known]
+        problems += [f"{_label(node, k)}: output #{i} ({name!r}) is not supported" for i, name in enumerate(node.output) if i and name]
+        if node.op_type == "Constant" and len(node.attribute) != 1:
+            problems.append(f"{_label(node, k)}: a Constant needs exactly one value attribute")
+    if problems:
+        raise OnnxImportError(f"{where}: " + "; ".join(problems))
+
+
+def _constants(onnx, graph) -> dict[str, np.ndarray]:
+    """Initializers and Constant node values by ONNX name."""
+    constants = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            attribute = node.attribute[0]
+            value = onnx.helper.get_attribute_value(attribute)
+            if attribute.name == "value":
+                constants[node.output[0]] = onnx.numpy_helper.to_array(value)
+            else:
+                constants[node.output[0]] = np.asarray(value, np.float32 if attribute.name.startswith("value_float") else np.int64)
+    return constants
+
+
+_FLOAT_TYPES = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def _input_shapes(onnx, graph, constants, overrides) -> dict[str, tuple[int, ...]]:
+    """Static shapes of the graph inputs that are not initializers; symbolic dimensions are
+    refused, naming the tensor, unless ``overrides`` fixes them."""
+    unknown = sorted(set(overrides) - {value.name for value in graph.input})
+    if unknown:
+        raise OnnxImportError(f"input_shapes names {', '.join(map(repr, unknown))}, not graph inputs")
+    shapes = {}
+    for value in graph.input:
+        if value.name in constants:
+            continue
+        tensor_type = value.type.tensor_type
+        if tensor_type.elem_type not in _FLOAT_TYPES:
+            kind = onnx.TensorProto.DataType.Name(tensor_type.elem_type) if tensor_type.elem_type else "not a tensor"
+            raise OnnxImportError(f"graph input {value.name!r} is not a floating-point tensor ({kind})")
+        given = overrides.get(value.name)
+        if not tensor_type.HasField("shape"):
+            if given is None:
+                raise OnnxImportError(f"graph input {value.name!r} has no shape; pass input_shapes={{{value.name!r}: (...)}}")
+            dims = [None] * len(given)
+        else:
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+        if given is not None:
+            given = tuple(int(d) for d in given)
+            if len(given) != len(dims) or any(d is not None and d != g for d, g in zip(dims, given)):
+                raise OnnxImportError(f"input_shapes gives {value.name!r} the shape {given}, the model says {_describe(tensor_type)}")
+            dims = list(given)
+        dynamic = [axis for axis, d in enumerate(dims) if d is None or d <= 0]
+        if dynamic:
+            raise OnnxImportError(
+                f"graph input {value.name!r} has dynamic dimension(s) at axis {dynamic} (shape {_describe(tensor_type)}); "
+                f"pass input_shapes={{{value.name!r}: (...)}}"
+            )
+        shapes[value.name] = tuple(dims)
+    return shapes
+
+
+def _describe(tensor_type) -> str:
+    return "(" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor_type.shape.dim) + ")"
+
+
+def _inferred_shapes(onnx, model, inputs, where: str) -> dict[str, tuple[int, ...]]:
+    """Static shapes ONNX shape inference finds (inputs fixed as given): a cross-check only."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in fixed.graph.input:
+        if value.name in inputs:
+            shape = value.type.tensor_type.shape
+            shape.ClearField("dim")
+            for size in inputs[value.name]:
+                shape.dim.add().dim_value = size
+    try:
+        inferred = onnx.shape_inference.infer_shapes(fixed)
+    except Exception as err:  # onnx's inference errors have no common base class across versions
+        raise OnnxImportError(f"{where}: ONNX shape inference fails: {err}") from None
+    shapes = {}
+    for value in list(inferred.graph.value_info) + list(inferred.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if value.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            shapes[value.name] = tuple(d.dim_value for d in dims)
+    return shapes
+
+
+# --------------------------------------------------------------------------------------------
+# BatchNormalization folding
+
+
+def _fold_batch_norms(onnx, graph, constants) -> list[tuple[int, object]]:
+    """(position in the graph, node) pairs, with each Conv/ConvTranspose -> BatchNormalization pair made one convolution.
+
+    Inference-mode BN is ``x*scale + shift`` per channel, so it folds into the convolution's weight
+    (scaled along the output-channel axis) and bias. Only when the convolution's result is read by
+    the BN alone (not a graph output) and every parameter is a constant; new constants are added
+    to ``constants`` under fresh names. The folded node keeps the convolution's name and takes
+    the BN's output name, which is what later nodes read.
+    """
+    readers: dict[str, int] = {}
+    for name in [i for node in graph.node for i in node.input] + [o.name for o in graph.output]:
+        readers[name] = readers.get(name, 0) + 1
+    taken = set(constants) | set(readers) | {out for node in graph.node for out in node.output}
+    producer: dict[str, int] = {}
+    nodes = list(graph.node)
+    for k, node in enumerate(graph.node):
+        source = producer.get(node.input[0]) if node.op_type == "BatchNormalization" and node.input else None
+        if source is not None and _foldable(nodes[source], node, constants, readers):
+            nodes[source] = _folded(onnx, nodes[source], node, constants, taken)
+            nodes[k] = None
+        for out in node.output:
+            producer[out] = k
+    return [(k, node) for k, node in enumerate(nodes) if node is not None]
+
+
+def _foldable(conv, bn, constants, readers) -> bool:
+    if conv.op_type not in ("Conv", "ConvTranspose") or readers.get(conv.output[0]) != 1 or not _batch_norm_mode_ok(bn):
+        return False
+    if len(conv.input) < 2 or len(bn.input) != 5 or not all(name in constants for name in [*conv.input[1:], *bn.input[1:]] if name):
+        return False
+    group = next((a.i for a in conv.attribute if a.name == "group"), 1)
+    weight = constants[conv.input[1]]
+    channels = weight.shape[1] * group if conv.op_type == "ConvTranspose" else weight.shape[0]
+    return (conv.op_type == "Conv" or group == 1) and all(constants[name].shape == (channels,) for name in bn.input[1:])
+
+
+def _batch_norm_mode_ok(bn) -> bool:
+    attrs = {a.name: a for a in bn.attribute}
+    return ("training_mode" not in attrs or attrs["training_mode"].i == 0) and ("spatial" not in attrs or attrs["spatial"].i == 1)
+
+
+def _batch_norm_affine(bn, constants) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, shift) per channel of inference-mode BN: y = x*scale + shift."""
+    epsilon = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
+    gamma, beta, mean, var = (constants[name].astype(np.float64) for name in bn.input[1:5])
+    scale = gamma / np.sqrt(var + epsilon)
+    return scale, beta - mean * scale
+
+
+def _folded(onnx, conv, bn, constants, taken: set[str]):
+    scale, shift = _batch_norm_affine(bn, constants)
+    weight = constants[conv.input[1]]
+    axis = 1 if conv.op_type == "ConvTranspose" else 0
+    shape = [1] * weight.ndim
+    shape[axis] = -1
+    bias = constants[conv.input[2]].astype(np.float64) if len(conv.input) > 2 and conv.input[2] else 0.0
+    out = bn.output[0]
+    names = {_fresh(f"{out}_folded_weight", taken): (weight * scale.reshape(shape)).astype(weight.dtype),
+             _fresh(f"{out}_folded_bias", taken): (bias * scale + shift).astype(weight.dtype)}
+    constants.update(names)
+    taken.update(names)
+    folded = onnx.NodeProto()
+    folded.CopyFrom(conv)
+    del folded.input[:]
+    folded.input.extend([conv.input[0], *names])
+    folded.output[0] = out
+    return folded
+
+
+def _fresh(name: str, taken) -> str:
+    candidate, k = name, 1
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}_{k}"
+    return candidate
+
+
+# --------------------------------------------------------------------------------------------
+# The build: nodes to definitions
+
+
+_RESERVED = KEYWORDS | set(UNARY_FUNCTIONS) | set(BINARY_FUNCTIONS)
+
+
+class _Names:
+    """ONNX value names -> distinct identifiers of the notation (ONNX allows any string)."""
+
+    def __init__(self):
+        self.ids: dict[str, str] = {}
+        self.taken: set[str] = set()
+
+    def __call__(self, onnx_name: str) -> str:
+        if onnx_name not in self.ids:
+            self.ids[onnx_name] = self.fresh(onnx_name)
+        return self.ids[onnx_name]
+
+    def fresh(self, text: str) -> str:
+        base = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_]", "_", text)).strip("_") or "t"
+        if base[0].isdigit():
+            base = f"t{base}"
+        if base in _RESERVED:
+            base = f"{base}_"
+        name = _fresh(base, self.taken)
+        self.taken.add(name)
+        return name
+
+
+class _Build:
+    """One import: ONNX values as IR tensors, constants as arrays, definitions in node order."""
+
+    def __init__(self, onnx, opset, constants, inputs, inferred):
+        self.onnx = onnx
+        self.opset = opset
+        self.constants = constants
+        self.inputs = inputs
+        self.shapes = dict(inputs)  # computed values (graph inputs, node outputs) -> shape
+        self.inferred = inferred
+        self.names = _Names()
+        self.weights: dict[str, np.ndarray] = {}
+        self.definitions: list[tuple[str, Scope]] = []
+
+    def run(self, nodes, graph) -> Model:
+        for name in self.inputs:
+            self.names(name)
+        for position, proto in nodes:
+            if proto.op_type != "Constant":
+                self.define(_Node(proto, position, self))
+        outputs = []
+        for value in graph.output:
+            if value.name not in self.shapes or value.name in self.inputs:
+                raise OnnxImportError(f"graph output {value.name!r} is not computed by a node")
+            outputs.append(self.names(value.name))
+        program = Program(tuple(self.definitions), tuple(outputs))
+        names = {onnx: ir for onnx, ir in self.names.ids.items() if onnx in self.shapes or ir in self.weights}
+        return Model(program, self.weights, dict(self.inputs), tuple(v.name for v in graph.output), names)
+
+    def define(self, node: "_Node") -> None:
+        try:
+            scope = SUPPORTED_OPS[node.op].handler(node)
+        except OnnxImportError:
+            raise
+        except ExpressionError as err:
+            raise OnnxImportError(f"{node.label}: {err}") from None
+        out = node.proto.output[0]
+        expected = self.inferred.get(out)
+        if expected is not None and expected != scope.shape:
+            raise OnnxImportError(f"{node.label}: the front-end computes shape {scope.shape} for {out!r}, ONNX shape inference {expected}")
+        self.shapes[out] = scope.shape
+        self.definitions.append((self.names(out), scope))
+
+
+class _Node:
+    """One ONNX node as its handler sees it: inputs as IR tensors or constant arrays, attributes
+    with defaults, errors that name the node."""
+
+    def __init__(self, proto, position: int, build: _Build):
+        self.proto = proto
+        self.op = _op_key(proto)
+        self.label = _label(proto, position)
+        self.build = build
+        self.attributes = {a.name: build.onnx.helper.get_attribute_value(a) for a in proto.attribute}
+
+    @property
+    def opset(self) -> int:
+        return self.build.opset
+
+    def error(self, message: str) -> OnnxImportError:
+        return OnnxImportError(f"{self.label}: {message}")
+
+    def attr(self, name: str, default=None):
+        value = self.attributes.get(name, default)
+        return value.decode() if isinstance(value, bytes) else value
+
+    def has(self, index: int) -> bool:
+        return index < len(self.proto.input) and self.proto.input[index] != ""
+
+    def const(self, index: int) -> np.ndarray | None:
+        return self.build.constants.get(self.proto.input[index]) if self.has(index) else None
+
+    def ints(self, name: str, index: int | None = None, default=None) -> tuple[int, ...] | None:
+        """An integer list from attribute ``name`` or, in newer opsets, constant input ``index``."""
+        if name in self.attributes:
+            return tuple(int(v) for v in self.attributes[name])
+        if index is not None and self.has(index):
+            value = self.const(index)
+            if value is None:
+                raise self.error(f"input {index} ({name}, {self.proto.input[index]!r}) must be a constant")
+            return tuple(int(v) for v in np.ravel(value))
+        return default
+
+    def shape(self, index: int) -> tuple[int, ...]:
+        """The shape of input ``index``, without making a constant a weight of the program."""
+        constant = self.const(index)
+        return constant.shape if constant is not None else self.tensor(index).shape
+
+    def tensor(self, index: int) -> Tensor:
+        """Input ``index`` as the program reads it: a weight or a computed tensor."""
+        if not self.has(index):
+            raise self.error(f"input {index} is missing")
+        name = self.proto.input[index]
+        if name in self.build.constants:
+            ir = self.build.names(name)
+            self.build.weights[ir] = self.build.constants[name]
+            return Tensor(ir, self.build.constants[name].shape)
+        if name not in self.build.shapes:
+            raise self.error(f"input {name!r} is not defined before the node")
+        return Tensor(self.build.names(name), self.build.shapes[name])
+
+    def weight(self, suffix: str, value: np.ndarray) -> Tensor:
+        """A new weight computed at build time (a BatchNormalization's scale and shift)."""
+        name = self.build.names.fresh(f"{self.proto.output[0]}_{suffix}")
+        self.build.weights[name] = value
+        return Tensor(name, value.shape)
+
+
+# --------------------------------------------------------------------------------------------
+# Small IR helpers
+
+
+def _iterators(shape: Sequence[int], prefix: str = "i") -> tuple[Iterator, ...]:
+    return tuple(Iterator(f"{prefix}{k}", 0, size) for k, size in enumerate(shape))
+
+
+def _elementwise(source: Tensor | Scope, fn: Callable) -> Scope:
+    """``L i0, i1, ... ; fn(source[i0, i1, ...])``."""
+    its = _iterators(source.shape)
+    return Scope(its, (), fn(source[tuple(it.var for it in its)]))
+
+
+def _with_extent(scope: Scope, shape: Sequence[int]) -> Scope:
+    """The scope over a different output extent: reads outside the inputs are 0, so this is how
+    asymmetric padding and output_padding extend (or crop) a builder's symmetric result."""
+    traversal = tuple(Iterator(it.name, 0, size) for it, size in zip(scope.traversal, shape))
+    return Scope(traversal, scope.summation, scope.body, scope.reduce)
+
+
+def _affine(const: int, *terms: tuple[int, str]) -> Index:
+    """``c1*v1 + c2*v2 + ... + const``, unit coefficients and zero terms left out."""
+    index = None
+    for coef, name in terms:
+        if coef:
+            term = Var(name) if coef == 1 else coef * Var(name)
+            index = term if index is None else index + term
+    return Lit(const) if index is None else index + const
+
+
+def _ones(shape: Sequence[int]) -> Scope:
+    """``L i0, ... ; 1``: read at an index, 1 inside the shape and 0 outside (a bounds mask)."""
+    return Scope(_iterators(shape), (), Num(1.0))
+
+
+# Max pooling pads with -inf; a padded read is float32's lowest finite value instead.
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+# --------------------------------------------------------------------------------------------
+# Handlers: convolutions and pooling
+
+
+def _spatial(node: _Node, x: Tensor) -> tuple[int, int]:
+    if x.rank != 4:
+        raise node.error(f"only 2-D (rank-4 NCHW) inputs are supported, got shape {x.shape}")
+    return x.shape[2], x.shape[3]
+
+
+def _pads(node: _Node, sizes, kernel, strides, dilations) -> list[tuple[int, int]]:
+    """(begin, end) padding per spatial axis, from ``pads`` or ``auto_pad``."""
+    auto = node.attr("auto_pad", "NOTSET")
+    if auto == "NOTSET":
+        pads = node.ints("pads", default=(0,) * (2 * len(sizes)))
+        return list(zip(pads[: len(sizes)], pads[len(sizes):]))
+    if auto == "VALID":
+        return [(0, 0)] * len(sizes)
+    if auto not in ("SAME_UPPER", "SAME_LOWER"):
+        raise node.error(f"attribute auto_pad={auto!r} is not supported")
+    result = []
+    for size, k, s, d in zip(sizes, kernel, strides, dilations):
+        total = max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
+        small, big = total // 2, total - total // 2
+        result.append((small, big) if auto == "SAME_UPPER" else (big, small))
+    return result
+
+
+def _window(node: _Node, x: Tensor, kernel):
+    """Strides, dilations, pads and floor-mode output sizes of a convolution or pooling window."""
+    sizes = _spatial(node, x)
+    strides = node.ints("strides", default=(1, 1))
+    dilations = node.ints("dilations", default=(1, 1))
+    pads = _pads(node, sizes, kernel, strides, dilations)
+    out = tuple((n + b + e - (k - 1) * d - 1) // s + 1 for n, k, s, d, (b, e) in zip(sizes, kernel, strides, dilations, pads))
+    if min(out) < 1:
+        raise node.error(f"the window does not fit: input {sizes}, kernel {tuple(kernel)}, pads {pads}")
+    return strides, dilations, pads, out
+
+
+def _kernel(node: _Node, weight_shape) -> tuple[int, int]:
+    kernel = tuple(weight_shape[2:])
+    given = node.ints("kernel_shape")
+    if given is not None and given != kernel:
+        raise node.error(f"attribute kernel_shape={given} differs from the weight's {kernel}")
+    return kernel
+
+
+def _with_bias(node: _Node, scope: Scope, index: int) -> Scope:
+    """The scope plus input ``index`` (one value per output channel, axis 1), if present."""
+    if not node.has(index):
+        return scope
+    bias = node.tensor(index)
+    return _elementwise(scope, lambda read: read + bias[Var("i1")])
+
+
+def _conv(node: _Node) -> Scope:
+    x, w = node.tensor(0), node.tensor(1)
+    kernel = _kernel(node, w.shape)
+    strides, dilations, pads, out = _window(node, x, kernel)
+    scope = conv2d(x, w, stride=strides, padding=(pads[0][0], pads[1][0]), dilation=dilations, groups=node.attr("group", 1))
+    return _with_bias(node, _with_extent(scope, scope.shape[:2] + out), 2)
+
+
+def _conv_transpose(node: _Node) -> Scope:
+    x, w = node.tensor(0), node.tensor(1)
+    if node.attr("group", 1) != 1:
+        raise node.error(f"attribute group={node.attr('group')} is not supported (grouped transposed convolution)")
+    if any(d != 1 for d in node.ints("dilations", default=(1, 1))):
+        raise node.error(f"attribute dilations={node.ints('dilations')} is not supported (dilated transposed convolution)")
+    if node.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise node.error(f"attribute auto_pad={node.attr('auto_pad')!r} is not supported")
+    kernel = _kernel(node, w.shape)
+    sizes = _spatial(node, x)
+    strides = node.ints("strides", default=(1, 1))
+    pads = _pads(node, sizes, kernel, strides, (1, 1))
+    extra = node.ints("output_padding", default=(0, 0))
+    out = tuple(s * (n - 1) + e + k - b - a for n, k, s, e, (b, a) in zip(sizes, kernel, strides, extra, pads))
+    scope = conv_transpose2d(x, w, stride=strides, padding=(pads[0][0], pads[1][0]))
+    return _with_bias(node, _with_extent(scope, scope.shape[:2] + out), 2)
+
+
+def _pool(kind: str):
+    """MaxPool / AveragePool over 2-D windows (floor mode).
+
+    Padding is not zero for these: max pooling pads with -inf, so a padded read adds
+    ``(ones[idx] - 1) * FLT_MAX`` (0 inside, the lowest float32 outside); average pooling without
+    ``count_include_pad`` divides by the number of in-bounds reads, itself a scope over a ones mask.
+    """
+
+    def handle(node: _Node) -> Scope:
+        x = node.tensor(0)
+        if node.attr("ceil_mode", 0):
+            raise node.error("attribute ceil_mode=1 is not supported")
+        kernel = node.ints("kernel_shape")
+        if kernel is None or len(kernel) != 2:
+            raise node.error(f"attribute kernel_shape must give 2 sizes, got {kernel}")
+        (sh, sw), (dh, dw), pads, (oh, ow) = _window(node, x, kernel)
+        rows, cols = _affine(-pads[0][0], (sh, "h"), (dh, "r")), _affine(-pads[1][0], (sw, "w"), (dw, "s"))
+        traversal = (Iterator("n", 0, x.shape[0]), Iterator("c", 0, x.shape[1]), Iterator("h", 0, oh), Iterator("w", 0, ow))
+        window = (Iterator("r", 0, kernel[0]), Iterator("s", 0, kernel[1]))
+        read = x[Var("n"), Var("c"), rows, cols]
+        padded = any(b or e for b, e in pads)
+        if kind == "max":
+            body = read + (_ones(x.shape[2:])[rows, cols] - 1.0) * _FLT_MAX if padded else read
+            return Scope(traversal, window, body, "max")
+        if padded and not node.attr("count_include_pad", 0):
+            count = Scope(traversal[2:], window, _ones(x.shape[2:])[rows, cols])
+            return Scope(traversal, window, read / count[Var("h"), Var("w")])
+        return Scope(traversal, window, read * Num(1.0 / (kernel[0] * kernel[1])))
+
+    return handle
+
+
+def _global_average_pool(node: _Node) -> Scope:
+    x = node.tensor(0)
+    return reduce_mean(x, tuple(range(2, x.rank)), keepdims=True)
+
+
+def _batch_norm(node: _Node) -> Scope:
+    """A BatchNormalization that could not be folded: ``x*scale[c] + shift[c]``, c = axis 1."""
+    if not _batch_norm_mode_ok(node.proto):
+        raise node.error("attributes training_mode=1 / spatial=0 are not supported")
+    params = [node.const(k) for k in range(1, 5)]
+    if any(p is None for p in params):
+        raise node.error("scale, bias, mean and variance must be constants")
+    x = node.tensor(0)
+    scale, shift = _batch_norm_affine(node.proto, node.build.constants)
+    if x.rank < 2 or x.shape[1] != scale.shape[0]:
+        raise node.error(f"input shape {x.shape} does not have {scale.shape[0]} channels on axis 1")
+    dtype = params[0].dtype
+    s, t = node.weight("scale", scale.astype(dtype)), node.weight("shift", shift.astype(dtype))
+    return _elementwise(x, lambda read: read * s[Var("i1")] + t[Var("i1")])
+
+
+# --------------------------------------------------------------------------------------------
+# Handlers: products and element-wise operations
+
+
+def _matmul(node: _Node) -> Scope:
+    a, b = node.tensor(0), node.tensor(1)
+    if a.rank == b.rank == 2:
+        return matmul(a, b)
+    if a.rank == b.rank == 3 and a.shape[0] == b.shape[0]:
+        return batch_matmul(a, b)
+    return _broadcast_matmul(node, a, b)
+
+
+def _broadcast_matmul(node: _Node, a: Tensor, b: Tensor) -> Scope:
+    """numpy's matmul where the builders stop: 1-D operands and broadcast batch axes
+    (``L b0, ..., i, j ; S k ; A[.., i, k] * B[.., k, j]``, size-1 batch axes read at 0)."""
+    k = a.shape[-1]
+    if (b.shape[-2] if b.rank > 1 else b.shape[0]) != k:
+        raise node.error(f"inner dimensions differ: {a.shape} @ {b.shape}")
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise node.error(f"batch axes do not broadcast: {a.shape} @ {b.shape}") from None
+
+    def batch_reads(shape):
+        lead = len(batch) - len(shape)
+        return [Lit(0) if size == 1 else Var(f"b{lead + t}") for t, size in enumerate(shape)]
+
+    rows = (Iterator("i", 0, a.shape[-2]),) if a.rank > 1 else ()
+    cols = (Iterator("j", 0, b.shape[-1]),) if b.rank > 1 else ()
+    left = a[tuple(batch_reads(a.shape[:-2]) + [it.var for it in rows] + [Var("k")])]
+    right = b[tuple(batch_reads(b.shape[:-2]) + [Var("k")] + [it.var for it in cols])]
+    return Scope(_iterators(batch, "b") + rows + cols, (Iterator("k", 0, k),), left * right)
+
+
+def _operands(node: _Node, indices: Sequence[int]) -> list:
+    """Element-wise operands; a one-element constant becomes a number (an IR constant) where the
+    other operands alone give the output shape."""
+    numbers: dict[int, float] = {}
+    for i in indices:
+        value = node.const(i)
+        others = [len(node.shape(j)) for j in indices if j != i and j not in numbers]
+        if value is not None and value.size == 1 and others and value.ndim <= max(others):
+            numbers[i] = float(value.reshape(()))
+    return [numbers[i] if i in numbers else node.tensor(i) for i in indices]
+
+
+def _binary(op: str):
+    def handle(node: _Node) -> Scope:
+        return binary(op, *_operands(node, (0, 1)))
+
+    return handle
+
+
+def _gemm(node: _Node) -> Scope:
+    a, b = node.tensor(0), node.tensor(1)
+    alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
+    scope = matmul(a, b, transpose_a=bool(node.attr("transA", 0)), transpose_b=bool(node.attr("transB", 0)))
+    if alpha != 1.0:
+        scope = mul(scope, alpha)
+    if not node.has(2) or beta == 0.0:
+        return scope
+    bias = node.const(2)
+    if bias is not None and bias.size == 1:
+        return add(scope, float(bias.reshape(())) * beta)
+    return add(scope, node.tensor(2) if beta == 1.0 else mul(node.tensor(2), beta))
+
+
+def _unary(builder):
+    return lambda node: builder(node.tensor(0))
+
+
+def _leaky_relu(node: _Node) -> Scope:
+    """``relu(x) - alpha*relu(-x)``: exact for every alpha (``max(x, alpha*x)`` is not, above 1)."""
+    alpha = node.attr("alpha", 0.01)
+    return _elementwise(node.tensor(0), lambda read: Unary("relu", read) - alpha * Unary("relu", -read))
+
+
+def _identity(node: _Node) -> Scope:
+    return _elementwise(node.tensor(0), lambda read: read)
+
+
+def _softmax(node: _Node) -> Scope:
+    x = node.tensor(0)
+    axis = node.attr("axis", -1 if node.opset >= 13 else 1) % max(x.rank, 1)
+    if node.opset < 13 and axis != x.rank - 1:
+        raise node.error(f"before opset 13 Softmax normalises axes {axis}.. flattened; only the last axis (axis={x.rank - 1}) is supported")
+    return softmax(x, axis)
+
+
+def _reduce(builder):
+    def handle(node: _Node) -> Scope:
+        x = node.tensor(0)
+        axes = node.ints("axes", 1)
+        if not axes and node.attr("noop_with_empty_axes", 0):
+            return _elementwise(x, lambda read: read)
+        return builder(x, axes or None, keepdims=bool(node.attr("keepdims", 1)))
+
+    return handle
+
+
+# --------------------------------------------------------------------------------------------
+# Handlers: layout
+
+
+def _reshape_reads(src: Sequence[int], dst: Sequence[int]) -> list[Index]:
+    """Each source axis's index as a function of the output iterators i0, i1, ...
+
+    Axes are grouped where the running products of the two shapes meet, so a split or merge reads
+    with one affine index (``4*i1+i2``) or floor division and modulo by constants, never through
+    one flat index over the whole tensor. Size-1 source axes read 0.
+    """
+    reads: list[Index] = [Lit(0)] * len(src)
+    a = [k for k, d in enumerate(src) if d != 1]
+    b = [k for k, d in enumerate(dst) if d != 1]
+    while a:
+        group_a, group_b = [a.pop(0)], [b.pop(0)]
+        size_a, size_b = src[group_a[0]], dst[group_b[0]]
+        while size_a != size_b:
+            if size_a < size_b:
+                group_a.append(a.pop(0))
+                size_a *= src[group_a[-1]]
+            else:
+                group_b.append(b.pop(0))
+                size_b *= dst[group_b[-1]]
+        strides, stride = [], 1
+        for k in reversed(group_b):
+            strides.append((stride, f"i{k}"))
+            stride *= dst[k]
+        flat = _affine(0, *reversed(strides))
+        stride = 1
+        for position, k in reversed(list(enumerate(group_a))):
+            index = flat if stride == 1 else flat // stride
+            reads[k] = index % src[k] if position else index
+            stride *= src[k]
+    return reads
+
+
+def _reshaped(node: _Node, x: Tensor, shape: Sequence[int]) -> Scope:
+    if math.prod(shape) != math.prod(x.shape):
+        raise node.error(f"cannot reshape {x.shape} to {tuple(shape)}")
+    its = _iterators(shape)
+    return Scope(its, (), x[tuple(_reshape_reads(x.shape, shape))])
+
+
+def _reshape(node: _Node) -> Scope:
+    x = node.tensor(0)
+    target = node.ints("shape", 1)
+    if target is None:
+        raise node.error("input 1 (shape) is missing")
+    allow_zero = node.attr("allowzero", 0)
+    dims = [x.shape[k] if d == 0 and not allow_zero else d for k, d in enumerate(target)]
+    if dims.count(-1) == 1:
+        known = math.prod(d for d in dims if d != -1)
+        dims[dims.index(-1)] = math.prod(x.shape) // known if known else 0
+    return _reshaped(node, x, dims)
+
+
+def _flatten(node: _Node) -> Scope:
+    x = node.tensor(0)
+    axis = node.attr("axis", 1)
+    axis = axis + x.rank if axis < 0 else axis
+    return _reshaped(node, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
+
+
+def _transpose(node: _Node) -> Scope:
+    x = node.tensor(0)
+    perm = node.ints("perm", default=tuple(reversed(range(x.rank))))
+    if sorted(perm) != list(range(x.rank)):
+        raise node.error(f"attribute perm={perm} is not a permutation of {x.rank} axes")
+    reads: list[Index] = [Lit(0)] * x.rank
+    for k, axis in enumerate(perm):
+        reads[axis] = Var(f"i{k}")
+    return Scope(_iterators([x.shape[a] for a in perm]), (), x[tuple(reads)])
+
+
+def _concat(node: _Node) -> Scope:
+    """A sum of shifted reads: each input reads 0 outside its own slab of the concatenation axis."""
+    parts = [node.tensor(k) for k in range(len(node.proto.input)) if node.has(k)]
+    rank = parts[0].rank
+    axis = node.attr("axis") % rank
+    for part in parts:
+        if part.rank != rank or any(part.shape[k] != parts[0].shape[k] for k in range(rank) if k != axis):
+            raise node.error(f"input shapes {[p.shape for p in parts]} differ outside axis {axis}")
+    shape = list(parts[0].shape)
+    shape[axis] = sum(p.shape[axis] for p in parts)
+    body, offset = None, 0
+    for part in parts:
+        reads = [Var(f"i{k}") for k in range(rank)]
+        reads[axis] = _affine(-offset, (1, f"i{axis}"))
+        body = part[tuple(reads)] if body is None else body + part[tuple(reads)]
+        offset += part.shape[axis]
+    return Scope(_iterators(shape), (), body)
+
+
+def _slice(node: _Node) -> Scope:
+    x = node.tensor(0)
+    starts, ends = node.ints("starts", 1), node.ints("ends", 2)
+    if starts is None or ends is None:
+        raise node.error("starts and ends are missing")
+    axes = node.ints("axes", 3, default=tuple(range(len(starts))))
+    steps = node.ints("steps", 4, default=(1,) * len(starts))
+    shape, reads = list(x.shape), [Var(f"i{k}") for k in range(x.rank)]
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        axis %= x.rank
+        size = x.shape[axis]
+        if step == 0:
+            raise node.error("a step of 0")
+        start, end = (v + size if v < 0 else v for v in (start, end))
+        if step > 0:
+            start, end = min(max(start, 0), size), min(max(end, 0), size)
+        else:
+            start, end = min(max(start, 0), size - 1), min(max(end, -1), size - 1)
+        shape[axis] = max(0, -(-(end - start) // step))
+        if shape[axis] == 0:
+            raise node.error(f"the slice of axis {axis} is empty")
+        reads[axis] = _affine(start, (step, f"i{axis}"))
+    return Scope(_iterators(shape), (), x[tuple(reads)])
+
+
+def _pad(node: _Node) -> Scope:
+    """Constant padding: reads shifted by the leading pads (0 outside); a non-zero value v adds
+    ``v * (1 - ones[idx])``. Negative pads crop."""
+    mode = node.attr("mode", "constant")
+    if mode != "constant":
+        raise node.error(f"attribute mode={mode!r} is not supported")
+    x = node.tensor(0)
+    pads = node.ints("pads", 1)
+    if pads is None:
+        raise node.error("pads are missing")
+    axes = [a % x.rank for a in node.ints("axes", 3, default=tuple(range(x.rank)))]
+    begin, end = [0] * x.rank, [0] * x.rank
+    for k, axis in enumerate(axes):
+        begin[axis], end[axis] = pads[k], pads[k + len(axes)]
+    value = node.attr("value", 0.0)
+    if node.has(2):
+        constant = node.const(2)
+        if constant is None:
+            raise node.error("input 2 (constant_value) must be a constant")
+        value = float(np.ravel(constant)[0])
+    shape = [d + b + e for d, b, e in zip(x.shape, begin, end)]
+    reads = tuple(_affine(-b, (1, f"i{k}")) for k, b in enumerate(begin))
+    body = x[reads] if value == 0 else x[reads] + value * (1.0 - _ones(x.shape)[reads])
+    return Scope(_iterators(shape), (), body)
+
+
+@dataclass(frozen=True)
+class _Op:
+    handler: Callable[[_Node], Scope] | None  # None: consumed at build time (Constant)
+    attributes: frozenset[str] = frozenset()
+
+
+def _op(handler, *attributes: str) -> _Op:
+    return _Op(handler, frozenset(attributes))
+
+
+_WINDOW = ("auto_pad", "dilations", "kernel_shape", "pads", "strides")
+
+# op type -> handler and the attributes it reads; anything else is refused up front.
+SUPPORTED_OPS: dict[str, _Op] = {
+    "Conv": _op(_conv, "group", *_WINDOW),
+    "ConvTranspose": _op(_conv_transpose, "group", "output_padding", *_WINDOW),
+    "MatMul": _op(_matmul),
+    "Gemm": _op(_gemm, "alpha", "beta", "transA", "transB"),
+    "Add": _op(_binary("+")),
+    "Sub": _op(_binary("-")),
+    "Mul": _op(_binary("*")),
+    "Div": _op(_binary("/")),
+    "Relu": _op(_unary(relu)),
+    "LeakyRelu": _op(_leaky_relu, "alpha"),
+    "Sigmoid": _op(_unary(sigmoid)),
+    "Tanh": _op(_unary(tanh)),
+    "BatchNormalization": _op(_batch_norm, "epsilon", "momentum", "training_mode", "spatial"),
+    "Reshape": _op(_reshape, "allowzero"),
+    "Flatten": _op(_flatten, "axis"),
+    "Transpose": _op(_transpose, "perm"),
+    "Concat": _op(_concat, "axis"),
+    "Slice": _op(_slice, "starts", "ends", "axes"),
+    "Pad": _op(_pad, "mode", "pads", "value"),
+    "Softmax": _op(_softmax, "axis"),
+    "ReduceMean": _op(_reduce(reduce_mean), "axes", "keepdims", "noop_with_empty_axes"),
+    "ReduceSum": _op(_reduce(reduce_sum), "axes", "keepdims", "noop_with_empty_axes"),
+    "GlobalAveragePool": _op(_global_average_pool),
+    "AveragePool": _op(_pool("average"), "ceil_mode", "count_include_pad", *_WINDOW),
+    "MaxPool": _op(_pool("max"), "ceil_mode", "storage_order", *_WINDOW),
+    "Constant": _op(None, "value", "value_float", "value_floats", "value_int", "value_ints"),
+    "Identity": _op(_identity),
+}

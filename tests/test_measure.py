@@ -1,0 +1,256 @@
+"""The measurement harness and database (codegen/measure.py).
+
+Timings are asserted only loosely (orderings and generous bounds): the machine is shared.
+The database is tested for what a cache shared by concurrent searches needs: many writers at
+once, and a writer killed mid-write leaving every committed row readable.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from codegen.measure import (
+    NOISE_THRESHOLD,
+    MeasurementDB,
+    Timing,
+    default_path,
+    device_id,
+    signature,
+    summarise,
+    time_callable,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+T = Timing(median=1e-3, spread=0.02, repeats=7, noisy=False)
+
+
+class Counter:
+    """A callable that counts its calls, optionally sleeping ``delays[call % len(delays)]``."""
+
+    def __init__(self, *delays: float) -> None:
+        self.calls = 0
+        self.delays = delays
+
+    def __call__(self) -> None:
+        if self.delays:
+            time.sleep(self.delays[self.calls % len(self.delays)])
+        self.calls += 1
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+
+def test_ten_times_the_work_measures_larger():
+    small = time_callable(lambda: sum(range(20_000)), min_seconds=0.02)
+    large = time_callable(lambda: sum(range(200_000)), min_seconds=0.02)
+    assert large.median > 3 * small.median
+
+
+def test_sleep_measures_in_a_plausible_range():
+    t = time_callable(lambda: time.sleep(0.005), min_seconds=0.03)
+    assert 0.004 < t.median < 0.1
+    assert t.repeats >= 5
+
+
+def test_microsecond_calls_are_batched():
+    fn = Counter()
+    t = time_callable(fn, min_seconds=0.01)
+    assert fn.calls > 10 * t.repeats
+    assert 0 < t.median < 1e-4
+
+
+def test_max_seconds_bounds_the_call_loosely():
+    fn = Counter(0.02)
+    start = time.perf_counter()
+    t = time_callable(fn, min_seconds=60, max_seconds=0.3)
+    assert time.perf_counter() - start < 1.5
+    assert t.repeats >= 1
+
+
+def test_noisy_run_is_repeated_and_flagged():
+    fn = Counter(0.001, 0.004)
+    t = time_callable(fn, warmup=2, repeats=6, min_seconds=0)
+    assert t.noisy and t.spread > NOISE_THRESHOLD
+    assert fn.calls >= 2 + 2 * 6  # warm-ups, then two runs of six samples
+
+
+def test_summarise_uses_median_and_interquartile_range():
+    t = summarise([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert t == Timing(median=3.0, spread=(4.0 - 2.0) / 3.0, repeats=5, noisy=True)
+    assert summarise([0.5]) == Timing(median=0.5, spread=0.0, repeats=1, noisy=False)
+    with pytest.raises(ValueError):
+        summarise([])
+
+
+@pytest.mark.parametrize("kwargs", [{"warmup": -1}, {"repeats": 0}, {"max_seconds": 0}])
+def test_bad_arguments_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        time_callable(lambda: None, **kwargs)
+
+
+# --- keys ---------------------------------------------------------------------------------------
+
+
+def test_signature_is_stable_and_unambiguous():
+    s = signature("kernel text", (4, 8), "float32")
+    assert s == signature("kernel text", (4, 8), "float32")
+    assert len(s) == 64 and int(s, 16) >= 0
+    assert signature("ab", "c") != signature("a", "bc")
+
+
+def test_device_id_is_a_stable_description():
+    assert device_id() == device_id()
+    assert f"{os.cpu_count()} cores" in device_id()
+
+
+# --- the database -------------------------------------------------------------------------------
+
+
+def test_put_get_round_trip(tmp_path):
+    with MeasurementDB(tmp_path / "m.sqlite") as db:
+        assert db.get("k") is None and len(db) == 0
+        db.put("k", T)
+        assert db.get("k") == T
+        assert db.get("k", device="some gpu") is None
+        db.put("k", Timing(2e-3, 0.5, 3, True))
+        assert db.get("k") == Timing(2e-3, 0.5, 3, True) and len(db) == 1
+    with MeasurementDB(tmp_path / "m.sqlite") as db:
+        assert db.get("k") == Timing(2e-3, 0.5, 3, True)
+
+
+def test_database_is_in_wal_mode(tmp_path):
+    with MeasurementDB(tmp_path / "m.sqlite") as db:
+        assert db._connection().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_measure_times_only_on_a_miss(tmp_path):
+    fn = Counter()
+    with MeasurementDB(tmp_path / "m.sqlite") as db:
+        first = db.measure("k", fn, device="dev", min_seconds=0.005)
+        calls = fn.calls
+        assert calls > 0
+        assert db.measure("k", fn, device="dev") == first
+        assert fn.calls == calls
+    with MeasurementDB(tmp_path / "m.sqlite") as db:
+        assert db.measure("k", fn, device="dev") == first
+        assert fn.calls == calls
+
+
+def test_default_path_honours_rewriter_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "cache"))
+    assert default_path() == tmp_path / "cache" / "measurements.sqlite"
+    with MeasurementDB() as db:
+        db.put("k", T)
+    assert (tmp_path / "cache" / "measurements.sqlite").exists()
+
+
+def test_default_path_falls_back_to_the_user_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("REWRITER_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_path() == tmp_path / "xdg" / "rewriter" / "measurements.sqlite"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_path() == tmp_path / ".cache" / "rewriter" / "measurements.sqlite"
+
+
+def test_pickled_database_reopens_the_same_file(tmp_path):
+    with MeasurementDB(tmp_path / "m.sqlite") as db:
+        db.put("k", T)
+        copy = pickle.loads(pickle.dumps(db))
+    assert copy.get("k") == T
+    copy.close()
+
+
+def _write_rows(db: MeasurementDB, worker: int) -> None:
+    """One writer's share: 50 rows of its own."""
+    for i in range(50):
+        db.put(f"w{worker}-{i}", Timing(float(i), 0.0, 1, False), device="dev")
+
+
+def _put_rows(db: MeasurementDB, worker: int, barrier) -> None:
+    """A writer given an open database: wait for the others, then write."""
+    barrier.wait()
+    _write_rows(db, worker)
+
+
+def _open_and_put_rows(path: Path, worker: int, barrier) -> None:
+    """A writer that opens the database itself, at the same moment as the others."""
+    barrier.wait()
+    with MeasurementDB(path) as db:
+        _write_rows(db, worker)
+
+
+def _run_writers(method: str, target, args) -> None:
+    """Start four writers with ``method`` and check they all finished cleanly."""
+    ctx = multiprocessing.get_context(method)
+    barrier = ctx.Barrier(4)
+    procs = [ctx.Process(target=target, args=(args, w, barrier)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+
+
+def test_concurrent_writers_on_a_fresh_file_lose_nothing(tmp_path):
+    """Four spawned processes create the database and write to it at once."""
+    path = tmp_path / "m.sqlite"
+    _run_writers("spawn", _open_and_put_rows, path)
+    with MeasurementDB(path) as db:
+        assert len(db) == 200
+        assert db.get("w3-49", device="dev") == Timing(49.0, 0.0, 1, False)
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork here")
+def test_forked_writers_share_an_open_database_object(tmp_path):
+    """Forked children inherit the parent's open object; each must use a connection of its own."""
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    db.put("parent", T)
+    _run_writers("fork", _put_rows, db)
+    assert len(db) == 201 and db.get("parent") == T
+    db.close()
+
+
+_WRITER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from codegen.measure import MeasurementDB, Timing
+db, n, i = MeasurementDB(sys.argv[2]), int(sys.argv[3]), 0
+while True:
+    db.put(f"row{i}", Timing(float(i), 0.0, 1, False), device="dev")
+    i += 1
+    if i == n:
+        print(n, flush=True)
+"""
+
+
+def test_kill_mid_write_keeps_committed_rows(tmp_path):
+    path, n = tmp_path / "m.sqlite", 100
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(ROOT), str(path), str(n)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == str(n)
+        time.sleep(0.05)  # let it get well into the writes that follow
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    with MeasurementDB(path) as db:
+        assert len(db) >= n
+        assert all(db.get(f"row{i}", device="dev") == Timing(float(i), 0.0, 1, False) for i in range(n))
+        db.put("after", T)
+        assert db.get("after") == T
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
