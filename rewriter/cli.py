@@ -92,11 +92,12 @@ def cmd_derive(args, console: Console) -> int:
     shapes = dict(_parse_shape(s) for s in args.shape)
     expr = parse(args.expression, shapes) if args.expression not in CASES else CASES[args.expression].expression()
     start = time.perf_counter()
-    derivation = derive(expr, max_depth=args.max_depth, time_limit=args.time_limit)
+    derivation = derive(expr, max_depth=args.max_depth, time_limit=args.time_limit, backend=args.backend)
     elapsed = time.perf_counter() - start
     console.print(f"{len(derivation.candidates)} verified candidates in {elapsed:.1f} s")
+    measured = args.backend == "cpu"
     table = Table()
-    for column in ("#", "kernels", "estimated ms"):
+    for column in ("#", "kernels", "measured ms" if measured else "estimated ms"):
         table.add_column(column, no_wrap=True)
     for rank, candidate in enumerate(derivation.candidates[: args.show], start=1):
         table.add_row(str(rank), " + ".join(k.kind for k in candidate.kernels), f"{candidate.cost * 1e3:.3f}")
@@ -104,6 +105,10 @@ def cmd_derive(args, console: Console) -> int:
     console.print(derivation.stats.table(), markup=False, highlight=False)
     console.print("\nbest:", markup=False)
     console.print(derivation.explain(derivation.best), markup=False, highlight=False, soft_wrap=True)
+    if measured:
+        console.print(derivation.best.listing(), markup=False, highlight=False, soft_wrap=True)
+        if args.out:
+            console.print(f"saved to {derivation.best.save(args.out)}")
     if derivation.rejected:
         console.print(f"[red]{len(derivation.rejected)} candidate(s) failed verification and were dropped[/red]")
     return 0
@@ -126,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     dv.add_argument("--max-depth", type=int, default=3)
     dv.add_argument("--time-limit", type=float, default=None, metavar="SECONDS")
     dv.add_argument("--show", type=int, default=5, metavar="N", help="candidates to list")
+    dv.add_argument("--backend", choices=("cpu", "reference"), default="cpu",
+                    help="cpu: compile and measure (default); reference: numpy, analytic ranking")
+    dv.add_argument("--out", metavar="DIR", help="save the best compiled program here (cpu backend)")
     args = parser.parse_args(argv)
     console = Console()
     if not console.is_terminal:

@@ -15,6 +15,7 @@ eOperators, fuses an eOperator into its only (eOperator) reader, and marks weigh
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,15 +57,28 @@ def derive(
     seed: int = 0,
     rtol: float = 1e-6,
     guided_depth: int = 1,
+    backend: str = "cpu",
+    dtype: str = "float32",
+    db=None,
 ) -> Derivation:
     """Candidate programs for ``expr``, best first, each verified against the reference.
 
     ``weights`` names the inputs that are model weights: kernels reading only them are marked for
-    compile-time evaluation (post-processing, OLLIE 5.4).
+    compile-time evaluation (post-processing, OLLIE 5.4). ``time_limit`` (seconds) bounds the
+    search and the candidate generation (half each); verification of the kept candidates follows.
+
+    ``backend="cpu"`` (the default) compiles the verified candidates (BLAS for matched Matmuls,
+    TVM for the rest, ``codegen.program``), checks each compiled program against the reference
+    again, measures it (``db``: a ``codegen.measure.MeasurementDB``, default in the user cache)
+    and orders them by measured time: ``best`` is the fastest. ``backend="reference"`` keeps the
+    reference-executed candidates ordered by the analytic stand-in (``Kernel.cost``).
     """
     if not isinstance(expr, Scope):
         raise ExpressionError(f"derive() takes a Scope, got {type(expr).__name__}")
-    exploration = explore(expr, max_depth, time_limit=time_limit, max_states=max_states)
+    started = time.perf_counter()
+    # half the time budget explores; guided steps and instantiation stop at the deadline
+    exploration = explore(expr, max_depth, time_limit=time_limit and time_limit / 2, max_states=max_states)
+    deadline = None if time_limit is None else started + time_limit
     identity = Candidate([Kernel("eop", "out", expr)])
     as_given = postprocess(instantiate(expr), weights)  # the input's own scopes, instantiated
     found = {_key(identity): identity, _key(as_given): as_given}
@@ -72,13 +86,19 @@ def derive(
     memo: dict = {}  # eager rule results per scope, shared by every guided step
     eager = registered("eager")
     seen = {state.fingerprint for state in exploration.states}
-    for state in exploration.states:
-        for derived in [state, *_guided(state, guided, eager, memo, seen, guided_depth)]:
-            candidate = postprocess(instantiate(derived.expr), weights)
-            if [k.kind for k in candidate.kernels] == ["eop"]:
-                continue  # one eOperator for everything is the identity re-indexed: codegen's business
-            candidate.source = derived
-            found.setdefault(_key(candidate), candidate)
+    try:
+        for state in exploration.states:
+            if deadline is not None and time.perf_counter() > deadline:
+                exploration.stats.stop_reason = "time"
+                break
+            for derived in [state, *_guided(state, guided, eager, memo, seen, guided_depth)]:
+                candidate = postprocess(instantiate(derived.expr), weights)
+                if [k.kind for k in candidate.kernels] == ["eop"]:
+                    continue  # one eOperator for everything is the identity re-indexed: codegen's business
+                candidate.source = derived
+                found.setdefault(_key(candidate), candidate)
+    except KeyboardInterrupt:  # Ctrl-C: what was found so far is still verified and returned
+        exploration.stats.stop_reason = "interrupted"
     ranked = _diverse(sorted(found.values(), key=lambda c: c.cost))
     rng = np.random.default_rng(seed)
     inputs = {name: rng.uniform(-1, 1, shape) for name, shape in tensor_shapes(expr).items()}
@@ -94,7 +114,35 @@ def derive(
         else:
             rejected.append(Derivation(expr, [candidate], exploration.stats).explain(candidate))
     verified.sort(key=lambda c: c.cost)
+    if backend == "cpu":
+        verified = _compiled(expr, verified, inputs, expected, rejected, dtype, db)
+    elif backend != "reference":
+        raise ExpressionError(f"derive(): unknown backend {backend!r} (use 'cpu' or 'reference')")
     return Derivation(expr, verified, exploration.stats, rejected)
+
+
+def _compiled(expr: Scope, candidates: list[Candidate], inputs: dict, expected: np.ndarray, rejected: list, dtype: str, db):
+    """Each candidate compiled for this CPU, run and checked against the reference again (in
+    ``dtype``), and measured; the result is ordered by measured time. A compiled program that
+    disagrees is dropped and its rule path logged in ``rejected``."""
+    from codegen.measure import MeasurementDB
+    from codegen.program import compile_candidate
+
+    db = db if db is not None else MeasurementDB()
+    shapes = {name: value.shape for name, value in inputs.items()}
+    tolerance = 1e-6 if np.dtype(dtype) == np.float64 else 1e-3
+    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+    compiled = []
+    for candidate in candidates:
+        program = compile_candidate(candidate, shapes, dtype, db)
+        got = program(**inputs)
+        if got.shape == expected.shape and np.allclose(got, expected, rtol=tolerance, atol=tolerance * scale):
+            program.measure(db)
+            compiled.append(program)
+        else:
+            rejected.append("compiled program disagrees with the reference:\n" + Derivation(expr, [candidate], None).explain(candidate))
+    compiled.sort(key=lambda p: p.cost)
+    return compiled
 
 
 def _diverse(ranked: list[Candidate]) -> list[Candidate]:
@@ -177,7 +225,7 @@ def derive_program(program: Program, max_depth: int = 2, *, time_limit: float | 
     for variant in variants.values():
         kernels = []
         for name, scope in variant.definitions:
-            best = derive(scope, max_depth, time_limit=time_limit, keep=1).best
+            best = derive(scope, max_depth, time_limit=time_limit, keep=1, backend="reference").best
             kernels.extend(_renamed(best.kernels, name))
         candidate = ProgramCandidate(kernels, variant.outputs)
         got = _as_tuple(candidate(**inputs))

@@ -14,7 +14,7 @@ from strategies import expressions
 def test_conv3x3_becomes_one_matmul_and_an_offset_add():
     """OLLIE Figure 3b: derived from the naive expression, nothing about convolutions written down."""
     expr = CASES["conv3x3"].expression()
-    derivation = derive(expr, max_depth=3)
+    derivation = derive(expr, max_depth=3, backend="reference")
     kinds = [[k.kind for k in c.kernels] for c in derivation.candidates]
     assert ["conv2d"] in kinds  # the expression as given is a library convolution
     best = derivation.candidates[kinds.index(["matmul", "eop"])]
@@ -26,7 +26,7 @@ def test_conv3x3_becomes_one_matmul_and_an_offset_add():
 
 def test_conv1x1_is_a_single_matmul_reading_the_input_in_place():
     expr = conv2d((2, 5, 6, 8), (1, 1, 4, 8), layout="NHWC")
-    derivation = derive(expr, max_depth=1)
+    derivation = derive(expr, max_depth=1, backend="reference")
     assert [k.kind for k in derivation.best.kernels] == ["matmul"]
     match = derivation.best.kernels[0].match
     assert match.a.tensor == "A" and match.a.shape == (1, 60, 8)  # (n, h, w) fused into m, no copy
@@ -48,14 +48,14 @@ def test_reads_of_padding_do_not_match_an_operator():
 
 def test_any_expression_gets_at_least_the_identity_candidate():
     expr = parse("L i:4 ; M j:3 ; exp(A[i, j]) / max(A[j, i], 0.5)", {"A": (4, 4)})
-    derivation = derive(expr, max_depth=2)
+    derivation = derive(expr, max_depth=2, backend="reference")
     assert derivation.candidates and all(k.kind == "eop" for k in derivation.best.kernels)
 
 
 @settings(max_examples=40)
 @given(expressions(max_traversal=2, max_summation=2))
 def test_every_candidate_is_verified_on_generated_expressions(expr):
-    derivation = derive(expr, max_depth=1)
+    derivation = derive(expr, max_depth=1, backend="reference")
     assert derivation.rejected == []
     inputs = random_inputs(expr, 3)
     expected = evaluate(expr, inputs)
@@ -66,7 +66,7 @@ def test_every_candidate_is_verified_on_generated_expressions(expr):
 def test_convtranspose_becomes_one_matmul_and_one_eoperator():
     """OLLIE Figure 12: the stride-2 transposed convolution as one Matmul plus a gathering eOperator."""
     expr = CASES["convtranspose"].expression()
-    derivation = derive(expr, max_depth=4)
+    derivation = derive(expr, max_depth=4, backend="reference")
     assert ["matmul", "eop"] in [[k.kind for k in c.kernels] for c in derivation.candidates]
     assert derivation.rejected == []
 
@@ -155,7 +155,7 @@ def _kernel_extent(kernel) -> tuple:
 
 
 def _conv5x5_becomes_conv3x3(expr, max_depth):
-    derivation = derive(expr, max_depth=max_depth)
+    derivation = derive(expr, max_depth=max_depth, backend="reference")
     smaller = [c for c in derivation.candidates if len(_convs(c)) == 1 and _kernel_extent(_convs(c)[0]) == (3, 3, 1)]
     assert smaller, [str(c) for c in derivation.candidates]
     assert derivation.rejected == []
@@ -181,7 +181,7 @@ def test_conv5x5_public_case_becomes_a_conv3x3_plus_eoperators():
 def test_dilated_g2bmm_becomes_a_plain_g2bmm_plus_layout_eoperators():
     """Longformer in OLLIE: i = 4*p + q turns Kt[i + 4*j] into Kt'[q, p + j]: dilation 1, q batched."""
     expr = CASES["g2bmm"].expression()
-    derivation = derive(expr, max_depth=1)
+    derivation = derive(expr, max_depth=1, backend="reference")
     plain = [c for c in derivation.candidates if any(k.kind == "g2bmm" and k.match.dilation == 1 for k in c.kernels)]
     assert plain and derivation.rejected == []
     kinds = [k.kind for k in plain[0].kernels]
@@ -192,7 +192,7 @@ def test_dilated_g2bmm_becomes_a_plain_g2bmm_plus_layout_eoperators():
 def test_dilated_conv_becomes_a_plain_conv_plus_eoperators():
     """CSRNet in OLLIE (as in PET): h = 2*p + q, w = 2*p1 + q1 make the dilation-2 reads plain."""
     expr = conv2d((1, 8, 14, 14), (8, 8, 3, 3), dilation=2, padding=2)
-    derivation = derive(expr, max_depth=2)
+    derivation = derive(expr, max_depth=2, backend="reference")
     plain = [c for c in derivation.candidates if len(_convs(c)) == 1 and _kernel_extent(_convs(c)[0]) == (3, 3, 1)]
     assert plain and derivation.rejected == []
     inputs = random_inputs(expr, 7)

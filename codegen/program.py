@@ -1,0 +1,252 @@
+"""Compiled programs: a candidate's kernels as calls over preallocated buffers, timed and saved.
+
+``compile_candidate(candidate, inputs)`` turns a derived candidate (``rewriter.instantiate``) into
+a ``CompiledProgram``:
+
+* Matmul / BatchMatmul kernels call numpy's BLAS on strided views of their operands, in place
+  (the strides the iterator mapping table found; no copies);
+* every other kernel (convolutions, band matmuls, eOperators) is its scope compiled by TVM
+  (``codegen.tvm_kernel``); a convolution or band matmul also has numpy's einsum path (the
+  reference's contraction) in the race, and the faster by measurement is kept;
+* kernels that read only weights run once, when ``bind`` is given their values (OLLIE 5.4).
+
+``measure(db)`` times each distinct kernel once on this device (``codegen.measure``), and the
+program's cost is the sum of its kernels' medians. ``save(dir)`` / ``load(dir)`` keep a program
+(kernel texts, compiled libraries, bound weights) so it runs again without searching.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+
+from rewriter.errors import ExpressionError
+from rewriter.instantiate import Candidate, GemmMatch, Kernel, match_operator
+from rewriter.ir import tensor_shapes
+from rewriter.parser import parse
+from rewriter.reference import evaluate
+
+from .measure import MeasurementDB, signature, time_callable
+from .tvm_kernel import CodegenError, Schedule, TvmKernel, _aligned_copy, _aligned_empty, compile_scope, host_target
+
+LIBRARY = ("matmul", "batch_matmul")
+DUAL = ("conv2d", "g2bmm", "gbmm")  # kernels with a TVM and a numpy implementation to race
+
+
+@dataclass
+class Step:
+    """One kernel call: ``impl`` is "blas", "tvm" or "numpy"; ``seconds`` its measured median."""
+
+    kernel: Kernel
+    impl: str
+    call: Callable[[dict, np.ndarray], None]  # (values, out) -> writes out
+    compiled: TvmKernel | None = None
+    seconds: float | None = None
+
+    def signature(self, dtype: str) -> str:
+        shapes = sorted(tensor_shapes(self.kernel.expr).items())
+        schedule = self.compiled.schedule if self.compiled else None
+        return signature("kernel", self.impl, self.kernel.kind, self.kernel.expr, shapes, dtype, schedule)
+
+
+@dataclass
+class CompiledProgram:
+    """A candidate program compiled for this CPU: ``program(**inputs) -> np.ndarray``."""
+
+    steps: list[Step]
+    inputs: dict[str, tuple[int, ...]]
+    dtype: str = "float32"
+    source: object = field(default=None, repr=False)  # the search state the candidate came from
+    constants: dict[str, np.ndarray] = field(default_factory=dict)  # bound weight-only outputs
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        return [s.kernel for s in self.steps]
+
+    @property
+    def output(self) -> str:
+        return self.steps[-1].kernel.output
+
+    @property
+    def cost(self) -> float:
+        """Measured seconds per run (weight-only kernels run once at build time: not counted)."""
+        if any(s.seconds is None for s in self._timed()):
+            raise RuntimeError("CompiledProgram.cost: call measure() first")
+        return sum(s.seconds for s in self._timed())
+
+    def _timed(self) -> list[Step]:
+        return [s for s in self.steps if not s.kernel.weight_only and s.kernel.output not in self.constants]
+
+    def __call__(self, **inputs) -> np.ndarray:
+        missing = sorted(set(self.inputs) - set(inputs) - set(self.constants))
+        if missing:
+            raise ExpressionError(f"missing input tensor(s): {', '.join(missing)}")
+        values = dict(self.constants)
+        for name, shape in self.inputs.items():
+            if name in inputs:
+                if np.shape(inputs[name]) != tuple(shape):
+                    raise ExpressionError(f"input {name} has shape {np.shape(inputs[name])}, the program expects {tuple(shape)}")
+                values[name] = _aligned_copy(np.asarray(inputs[name]), self.dtype)
+        for step in self.steps:
+            if step.kernel.output in self.constants:
+                continue
+            out = _aligned_empty(step.kernel.expr.shape, self.dtype)
+            step.call(values, out)
+            values[step.kernel.output] = out
+        return values[self.output]
+
+    def bind(self, weights: Mapping[str, np.ndarray]) -> CompiledProgram:
+        """Fix ``weights`` as constants and evaluate the kernels that read only them, once
+        (compile-time evaluation, OLLIE 5.4); the program then takes the other inputs alone."""
+        values = {n: _aligned_copy(np.asarray(v), self.dtype) for n, v in weights.items()}
+        self.constants.update(values)
+        for step in self.steps:
+            if step.kernel.weight_only and set(tensor_shapes(step.kernel.expr)) <= set(values):
+                out = _aligned_empty(step.kernel.expr.shape, self.dtype)
+                step.call(values, out)
+                values[step.kernel.output] = self.constants[step.kernel.output] = out
+        return self
+
+    def measure(self, db: MeasurementDB | None = None, seed: int = 0, **timing) -> float:
+        """Time every kernel on random inputs of its shapes (once per signature with a database)."""
+        rng = np.random.default_rng(seed)
+        for step in self._timed():
+            shapes = tensor_shapes(step.kernel.expr)
+            values = {n: _aligned_copy(rng.uniform(-1, 1, s), self.dtype) for n, s in shapes.items()}
+            out = _aligned_empty(step.kernel.expr.shape, self.dtype)
+            run = lambda step=step, values=values, out=out: step.call(values, out)  # noqa: E731
+            result = db.measure(step.signature(self.dtype), run, **timing) if db else time_callable(run, **timing)
+            step.seconds = result.median
+        return self.cost
+
+    def listing(self) -> str:
+        """One line per kernel: output, kind, implementation, operand shapes (and strides), time."""
+        lines = []
+        for step in self.steps:
+            k = step.kernel
+            reads = ", ".join(f"{n}{list(s)}" for n, s in tensor_shapes(k.expr).items())
+            strides = f" strides a={k.match.a.strides} b={k.match.b.strides}" if isinstance(k.match, GemmMatch) else ""
+            timed = "weights, once" if k.weight_only else (f"{step.seconds * 1e3:.3f} ms" if step.seconds is not None else "-")
+            lines.append(f"{k.output}{list(k.expr.shape)} = {k.kind} [{step.impl}] ({reads}){strides}  {timed}")
+        return "\n".join(lines)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the program (kernel texts, libraries, bound weights) to ``directory``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        entries = []
+        for index, step in enumerate(self.steps):
+            k = step.kernel
+            entry = {"kind": k.kind, "output": k.output, "expr": str(k.expr), "shapes": tensor_shapes(k.expr),
+                     "impl": step.impl, "weight_only": k.weight_only, "seconds": step.seconds}
+            if step.compiled is not None and step.compiled.path is not None:
+                entry["library"] = f"kernel{index}.so"
+                shutil.copyfile(step.compiled.path, directory / entry["library"])
+                entry["schedule"] = step.compiled.schedule.__dict__
+            entries.append(entry)
+        for name, value in self.constants.items():
+            np.save(directory / f"{name}.npy", value)
+        meta = {"dtype": self.dtype, "inputs": self.inputs, "kernels": entries, "constants": sorted(self.constants)}
+        (directory / "program.json").write_text(json.dumps(meta, indent=1))
+        return directory
+
+
+def load(directory: str | Path) -> CompiledProgram:
+    """A program saved by ``CompiledProgram.save``, ready to run (nothing is searched again)."""
+    directory = Path(directory)
+    try:
+        meta = json.loads((directory / "program.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ExpressionError(f"{directory}: not a saved program ({err})") from None
+    dtype, steps = meta["dtype"], []
+    for entry in meta["kernels"]:
+        expr = parse(entry["expr"], {n: tuple(s) for n, s in entry["shapes"].items()})
+        kind, match = match_operator(expr)
+        kernel = Kernel(entry["kind"], entry["output"], expr, match if kind == entry["kind"] else None, entry["weight_only"])
+        library = directory / entry["library"] if "library" in entry else None
+        step = _step(kernel, entry["impl"], dtype, library=library, schedule=entry.get("schedule"))
+        step.seconds = entry.get("seconds")
+        steps.append(step)
+    constants = {name: np.load(directory / f"{name}.npy") for name in meta["constants"]}
+    inputs = {n: tuple(s) for n, s in meta["inputs"].items()}
+    return CompiledProgram(steps, inputs, dtype, constants={n: _aligned_copy(v, dtype) for n, v in constants.items()})
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels to steps
+
+
+def _step(kernel: Kernel, impl: str, dtype: str, library: Path | None = None, schedule: dict | None = None) -> Step:
+    if impl == "blas":
+        return Step(kernel, impl, _blas_call(kernel.match))
+    if impl == "numpy":
+        return Step(kernel, impl, _numpy_call(kernel, dtype))
+    compiled = _load_library(kernel, library, dtype, schedule) if library else compile_scope(kernel.expr, dtype=dtype)
+    return Step(kernel, impl, _tvm_call(compiled), compiled)
+
+
+def _load_library(kernel: Kernel, library: Path, dtype: str, schedule: dict | None) -> TvmKernel:
+    import tvm
+
+    params = Schedule(**schedule) if schedule else Schedule()
+    return TvmKernel(kernel.expr, dtype, params, host_target(), tvm.runtime.load_module(str(library)), library, True)
+
+
+def _blas_call(match: GemmMatch):
+    """C[b, m, n] = A[b, m, :] @ B[b, :, n] on strided views; the result lands through C's strides."""
+
+    def view(values, operand):
+        flat = values[operand.tensor].reshape(-1)
+        strides = tuple(s * flat.itemsize for s in operand.strides)
+        return np.lib.stride_tricks.as_strided(flat[operand.offset :], operand.shape, strides)
+
+    def call(values, out):
+        a, b = view(values, match.a), view(values, match.b)
+        shape = (a.shape[0], a.shape[1], b.shape[2])
+        strides = tuple(s * out.itemsize for s in match.out_strides)
+        target = np.lib.stride_tricks.as_strided(out.reshape(-1), shape, strides)
+        np.matmul(a, b, out=target)
+
+    return call
+
+
+def _numpy_call(kernel: Kernel, dtype: str):
+    def call(values, out):
+        out[...] = evaluate(kernel.expr, {n: values[n] for n in tensor_shapes(kernel.expr)}, dtype=np.dtype(dtype))
+
+    return call
+
+
+def _tvm_call(compiled: TvmKernel):
+    def call(values, out):
+        compiled.run(values, out)
+
+    return call
+
+
+def compile_candidate(candidate: Candidate, inputs: Mapping[str, tuple[int, ...]], dtype: str = "float32",
+                      db: MeasurementDB | None = None) -> CompiledProgram:
+    """``candidate`` compiled; where a kernel has two implementations, the faster measured one."""
+    steps = []
+    for kernel in candidate.kernels:
+        if kernel.kind in LIBRARY:
+            steps.append(_step(kernel, "blas", dtype))
+            continue
+        options = []
+        try:
+            options.append(_step(kernel, "tvm", dtype))
+        except CodegenError:
+            pass  # TVM refused it: numpy's path alone
+        if kernel.kind in DUAL or not options:
+            options.append(_step(kernel, "numpy", dtype))
+        if len(options) > 1 and not kernel.weight_only:
+            probe = CompiledProgram(options, {}, dtype)
+            probe.measure(db)
+            options.sort(key=lambda s: s.seconds)
+        steps.append(options[0])
+    return CompiledProgram(steps, dict(inputs), dtype, source=candidate.source)
