@@ -30,6 +30,8 @@ from .ir import (
 from .parser import parse, parse_program
 from .derive import derive, derive_program
 from .search import explore
+from .onnx_frontend import load_onnx  # imports onnx only when called
+from .torch_frontend import from_torch  # imports torch only when called
 
 __all__ = [
     *builders.__all__,
@@ -38,6 +40,8 @@ __all__ = [
     "derive_program",
     "evaluate",
     "explore",
+    "from_torch",
+    "load_onnx",
     "parse",
     "parse_program",
     "tensor_shapes",

@@ -1,0 +1,139 @@
+"""The derived program against PyTorch (eager and torch.compile) and TVM on the original expression.
+
+    python3 bench/vs_torch.py [--cases conv3x3,convtranspose,conv5x5,g2bmm] [--depth 3]
+                              [--time-limit 120] [--rounds 15]
+
+For each public case: ``derive`` from the naive expression (cpu backend: compiled, verified,
+measured), the best program bound to the case's weights; PyTorch eager and ``torch.compile`` on
+the same computation in PyTorch's own layouts (written here by hand: this is the baseline, not the
+engine); and TVM compiling the original expression as one kernel (the identity candidate). All
+four are checked against ``evaluate`` and timed in one process, interleaved round by round, in
+float32. Writes bench/results/vs_torch.json and prints medians and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from codegen import compile_scope  # noqa: E402
+from rewriter import derive, evaluate  # noqa: E402
+from rewriter.cases import CASES  # noqa: E402
+
+WEIGHTS = {"conv3x3": ("K",), "convtranspose": ("K",), "conv5x5": ("K",), "g2bmm": ()}
+
+
+def torch_version(name: str, inputs: dict):
+    """(function, its tensor arguments) computing the case in PyTorch's native layouts."""
+    t = {n: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for n, v in inputs.items()}
+    if name == "conv3x3":  # NHWC / RSFC in the case: NCHW / FCRS for torch
+        args = (t["A"].permute(0, 3, 1, 2).contiguous(), t["K"].permute(2, 3, 0, 1).contiguous())
+        return (lambda a, k: F.conv2d(a, k, padding=1)), args
+    if name == "convtranspose":
+        args = (t["A"].permute(0, 3, 1, 2).contiguous(), t["K"].permute(3, 2, 0, 1).contiguous())
+        return (lambda a, k: F.conv_transpose2d(a, k, stride=2, padding=1)), args
+    if name == "conv5x5":
+        return (lambda a, k: F.conv2d(a, k, padding=2)), (t["A"], t["K"])
+    if name == "g2bmm":  # out[b, i, j] = sum_k Q[b, i, k] Kt[b, i + 4j - 128, k]: a padded strided view
+
+        def g2bmm(q, kt):
+            padded = F.pad(kt, (0, 0, 128, 128))
+            b, n, d = q.shape
+            s = padded.stride()
+            window = padded.as_strided((b, n, 65, d), (s[0], s[1], 4 * s[1], s[2]))
+            return torch.einsum("bik,bijk->bij", q, window)
+
+        return g2bmm, (t["Q"], t["Kt"])
+    raise KeyError(name)
+
+
+def interleaved(functions: dict, rounds: int) -> dict:
+    """Median seconds per function, timed round-robin so drifts hit every one alike."""
+    for fn in functions.values():  # warm up (and trigger torch.compile)
+        fn()
+        fn()
+    samples = {name: [] for name in functions}
+    for _ in range(rounds):
+        for name, fn in functions.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def run(name: str, depth: int, time_limit: float, rounds: int) -> dict:
+    expr = CASES[name].expression()
+    rng = np.random.default_rng(0)
+    inputs = {n: rng.uniform(-1, 1, s).astype(np.float32) for n, s in CASES[name].shapes.items()}
+    expected = evaluate(expr, inputs)
+    start = time.perf_counter()
+    derivation = derive(expr, max_depth=depth, time_limit=time_limit, weights=WEIGHTS[name])
+    derive_s = time.perf_counter() - start
+    best = derivation.best.bind({w: inputs[w] for w in WEIGHTS[name]})
+    activations = {n: v for n, v in inputs.items() if n not in WEIGHTS[name]}
+    original = compile_scope(expr)
+    fn, args = torch_version(name, inputs)
+    compiled_fn = torch.compile(fn)
+    functions = {
+        "derived": lambda: best(**activations),
+        "tvm_original": lambda: original(**inputs),
+        "torch_eager": lambda: fn(*args),
+        "torch_compile": lambda: compiled_fn(*args),
+    }
+    scale = float(np.abs(expected).max())
+    for label, f in functions.items():
+        got = np.asarray(f())
+        if label.startswith("torch") and name in ("conv3x3", "convtranspose"):
+            got = got.transpose(0, 2, 3, 1)  # back to the case's NHWC
+        error = float(np.abs(got - expected).max()) / scale
+        assert error < 1e-3, f"{name}: {label} disagrees with the reference ({error:.2e})"
+    with torch.no_grad():
+        medians = interleaved(functions, rounds)
+    return {
+        "case": name,
+        "derive_s": round(derive_s, 1),
+        "kernels": [k.kind for k in best.kernels],
+        "listing": best.listing(),
+        **{f"{k}_ms": round(v * 1e3, 3) for k, v in medians.items()},
+        "vs_torch_eager": round(medians["torch_eager"] / medians["derived"], 2),
+        "vs_torch_compile": round(medians["torch_compile"] / medians["derived"], 2),
+        "vs_tvm_original": round(medians["tvm_original"] / medians["derived"], 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default="conv3x3,convtranspose,conv5x5,g2bmm")
+    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--time-limit", type=float, default=120.0)
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    rows = []
+    print(f"{'case':<14}{'derived ms':>11}{'eager ms':>10}{'compile ms':>11}{'tvm ms':>9}{'x eager':>9}{'x compile':>10}{'x tvm':>7}  kernels")
+    for name in args.cases.split(","):
+        row = run(name, args.depth, args.time_limit, args.rounds)
+        rows.append(row)
+        print(
+            f"{name:<14}{row['derived_ms']:>11}{row['torch_eager_ms']:>10}{row['torch_compile_ms']:>11}{row['tvm_original_ms']:>9}"
+            f"{row['vs_torch_eager']:>9}{row['vs_torch_compile']:>10}{row['vs_tvm_original']:>7}  {'+'.join(row['kernels'])}",
+            flush=True,
+        )
+    out = ROOT / "bench" / "results" / "vs_torch.json"
+    out.write_text(json.dumps(rows, indent=1))
+    print(f"wrote {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

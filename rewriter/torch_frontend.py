@@ -1,0 +1,715 @@
+"""PyTorch front-end: a ``torch.nn.Module`` as a ``Program`` of the expression IR, and a
+``torch.compile`` backend (DESIGN.md, "Programs and models"). Needs torch (``pip install
+'rewriter[torch]'``); importing this module does not import it.
+
+    from rewriter.torch_frontend import from_torch
+    model = from_torch(module.eval(), (x,))
+    model.run({"x": x.numpy()})                     # FX input name -> array; outputs by FX name
+    evaluate(model.program, model.feeds({"x": x.numpy()}))   # the same through the reference semantics
+
+    torch.compile(module, backend="rewriter")       # after register(), or through the entry point
+
+``from_torch`` exports the module with ``torch.export`` and decomposes it to core ATen operators,
+so one table of handlers (``SUPPORTED_OPS``, keyed by overload: ``aten.addmm.default``) serves
+every module: ``linear`` arrives as ``permute`` + ``addmm``, ``flatten`` as ``view``, ``dropout``
+in eval mode as ``clone``. Every FX call becomes one definition named after its node, except the
+no-ops (aliases of their input) and the calls computed from constants alone (a weight's transpose,
+``torch.ones``), which are folded at build time. Parameters, buffers and folded constants the
+program reads are its weights; an inference-mode batch norm is folded into the convolution before
+it when it is that convolution's only reader, else it is a per-channel affine scope.
+
+Shapes are static. What is not supported fails loudly: every unsupported operator of a graph is
+listed in one ``TorchImportError`` (with FX node names) before anything else is done; a handler's
+refusal (a 1-D convolution, ``ceil_mode=True``) names the node.
+
+The backend translates each graph dynamo gives it the same way (its parameters are graph inputs,
+read at every call, so nothing is folded into them) and runs the program with the reference
+semantics. A graph it cannot translate runs as it came, with a warning that says why.
+"""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .builders import (
+    add,
+    batch_matmul,
+    binary,
+    conv2d,
+    conv_transpose2d,
+    exp,
+    matmul,
+    mul,
+    reduce_mean,
+    reduce_sum,
+    relu,
+    sigmoid,
+    softmax,
+    sqrt,
+    tanh,
+    unary,
+)
+from .errors import ExpressionError
+from .ir import Lit, Program, Scope, Tensor, Unary, Var, smax
+from .onnx_frontend import (
+    Model,
+    _concat,
+    _elementwise,
+    _iterators,
+    _Names,
+    _pad,
+    _pool,
+    _reshaped,
+    _slice,
+    _transpose,
+)
+from .reference import evaluate
+
+__all__ = ["TorchImportError", "from_torch", "rewriter_backend", "register", "SUPPORTED_OPS"]
+
+BACKEND_NAME = "rewriter"
+
+
+class TorchImportError(ExpressionError):
+    """A module or graph the front-end cannot translate; the message names the FX node or input."""
+
+
+def from_torch(module, example_inputs: Sequence) -> Model:
+    """Translate ``module`` (a ``torch.nn.Module``, in eval mode for batch norm and dropout) at the
+    shapes of ``example_inputs`` (a sequence of tensors) to a ``Model``: the program, its weights
+    (numpy arrays), its inputs and outputs by FX placeholder and output node name."""
+    return _translate(_export(module, example_inputs))
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError:
+        raise TorchImportError("the PyTorch front-end needs torch: pip install 'rewriter[torch]'") from None
+    return torch
+
+
+def _export(module, example_inputs: Sequence):
+    """The module as a functional graph of core ATen operators: ``torch.export`` then its default
+    decompositions, which leave far fewer operators (and overloads) to handle."""
+    torch = _import_torch()
+    try:
+        return torch.export.export(module, tuple(example_inputs)).run_decompositions()
+    except Exception as err:  # torch.export raises many unrelated types
+        raise TorchImportError(f"torch.export fails: {type(err).__name__}: {err}") from None
+
+
+def _translate(exported) -> Model:
+    graph = exported.graph
+    constants = _constant_inputs(exported)
+    foldable = _foldable(graph, constants)
+    _check_ops(graph, foldable)
+    _check_outputs(exported)
+    return _Build(constants, _user_inputs(exported)).run(graph, foldable)
+
+
+# --------------------------------------------------------------------------------------------
+# Checks and constants, before any translation
+
+
+def _op_key(node) -> str:
+    """``aten.add.Tensor`` for an ATen overload; the Python name for anything else (getitem)."""
+    target = node.target
+    return str(target) if hasattr(target, "overloadpacket") else getattr(target, "__name__", repr(target))
+
+
+def _check_ops(graph, foldable: set[str]) -> None:
+    """One error listing every unsupported operator with its FX node, before any other work
+    (calls folded at build time run in torch and need no handler)."""
+    unsupported = [
+        (_op_key(node), node.name)
+        for node in graph.nodes
+        if node.op == "call_function" and node.name not in foldable and _op_key(node) not in SUPPORTED_OPS
+    ]
+    if unsupported:
+        kinds = sorted({op for op, _ in unsupported})
+        raise TorchImportError(
+            f"{len(unsupported)} node(s) with unsupported operators ({', '.join(kinds)}): "
+            + "; ".join(f"{op} node {name!r}" for op, name in unsupported)
+            + ". Supported: rewriter.torch_frontend.SUPPORTED_OPS"
+        )
+
+
+def _check_outputs(exported) -> None:
+    """Only plain outputs: a graph that mutates a buffer or an input (batch norm in training mode
+    updating its statistics) has effects a program cannot have."""
+    specs = exported.graph_signature.output_specs
+    effects = [f"{spec.kind.name.lower()} of {spec.target!r}" for spec in specs if spec.kind.name != "USER_OUTPUT"]
+    if effects:
+        raise TorchImportError(f"the graph has side effects ({', '.join(effects)}); is the module in eval mode?")
+
+
+def _constant_inputs(exported) -> dict[str, object]:
+    """Placeholder name -> tensor for parameters, buffers and lifted constants."""
+    constants = {}
+    for spec in exported.graph_signature.input_specs:
+        if spec.kind.name in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+            source = exported.state_dict if spec.target in exported.state_dict else exported.constants
+            constants[spec.arg.name] = source[spec.target]
+        elif spec.kind.name != "USER_INPUT":
+            raise TorchImportError(f"graph input {spec.arg.name!r} of kind {spec.kind.name} is not supported")
+    return constants
+
+
+def _user_inputs(exported) -> dict[str, tuple[int, ...]]:
+    """FX name -> static shape of each user input, in call order; only floating-point tensors."""
+    nodes = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
+    shapes = {}
+    for spec in exported.graph_signature.input_specs:
+        if spec.kind.name == "USER_INPUT":
+            value = nodes[spec.arg.name].meta.get("val")
+            if not getattr(value, "is_floating_point", lambda: False)():
+                raise TorchImportError(f"input {spec.arg.name!r} is not a floating-point tensor ({value!r})")
+            shapes[spec.arg.name] = _static_shape(value, f"input {spec.arg.name!r}")
+    return shapes
+
+
+def _static_shape(value, what: str) -> tuple[int, ...]:
+    if not all(isinstance(d, int) for d in value.shape):
+        raise TorchImportError(f"{what} has a dynamic shape {tuple(value.shape)}; only static shapes are supported")
+    return tuple(value.shape)
+
+
+def _foldable(graph, constants) -> set[str]:
+    """Names of the nodes computed from constants alone, placeholders included: they are run in
+    torch at build time. Seeded random operators are not: their value changes from call to call."""
+    torch = _import_torch()
+    known = set(constants)
+    for node in graph.nodes:
+        seeded = torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+        if node.op == "call_function" and not seeded and all(n.name in known for n in node.all_input_nodes):
+            known.add(node.name)
+    return known
+
+
+# --------------------------------------------------------------------------------------------
+# The build: FX calls to definitions
+
+
+class _Build:
+    """One translation: FX values as program tensors, constants as torch values (weights once the
+    program reads them), definitions in graph order."""
+
+    def __init__(self, constants: dict[str, object], inputs: dict[str, tuple[int, ...]]):
+        self.constants = dict(constants)
+        self.inputs = inputs
+        self.names = _Names()
+        self.values: dict[str, Tensor] = {name: Tensor(self.names(name), shape) for name, shape in inputs.items()}
+        self.weights: dict[str, np.ndarray] = {}
+        self.definitions: list[tuple[str, Scope]] = []
+        self.folded_batch_norms: set[str] = set()  # batch norms a convolution has taken in
+
+    def run(self, graph, foldable: set[str]) -> Model:
+        for fx in graph.nodes:
+            if fx.op == "call_function" and fx.name in foldable:
+                self.fold(fx)
+            elif fx.op == "call_function":
+                self.define(_Node(fx, self))
+        results = graph.output_node().args[0]
+        outputs = tuple(self.output(fx) for fx in results)
+        program = Program(tuple(self.definitions), outputs)
+        held = set(program.inputs) | {name for name, _ in self.definitions}
+        names = {fx: tensor.name for fx, tensor in self.values.items() if tensor.name in held or fx in self.inputs}
+        return Model(program, self.weights, dict(self.inputs), tuple(fx.name for fx in results), names)
+
+    def fold(self, fx) -> None:
+        """Run a call on constants in torch; its value is a constant like a parameter."""
+        args, kwargs = _map_nodes((fx.args, fx.kwargs), lambda n: self.constants[n.name])
+        try:
+            self.constants[fx.name] = fx.target(*args, **kwargs)
+        except Exception as err:  # whatever the operator raises
+            raise TorchImportError(f"{_op_key(fx)} node {fx.name!r}: folding it at build time fails: {err}") from None
+
+    def define(self, node: "_Node") -> None:
+        try:
+            result = SUPPORTED_OPS[node.key](node)
+        except TorchImportError:
+            raise
+        except ExpressionError as err:
+            raise node.error(str(err)) from None
+        if isinstance(result, Tensor):  # a no-op, a folded batch norm, output 0 of a tuple
+            self.values[node.name] = result
+            return
+        if result.shape != node.shape:
+            raise node.error(f"the front-end computes shape {result.shape}, torch {node.shape}")
+        name = self.names(node.name)
+        self.definitions.append((name, result))
+        self.values[node.name] = Tensor(name, result.shape)
+
+    def tensor(self, fx) -> Tensor:
+        """An FX value as the program reads it: a computed tensor, an input or a weight."""
+        if fx.name not in self.values:
+            if fx.name not in self.constants:
+                raise TorchImportError(f"{fx.name!r} is not defined before it is read")
+            self.values[fx.name] = self.weight(fx.name, _numpy(self.constants[fx.name]))
+        return self.values[fx.name]
+
+    def weight(self, text: str, value: np.ndarray) -> Tensor:
+        name = self.names.fresh(text)
+        self.weights[name] = value
+        return Tensor(name, value.shape)
+
+    def output(self, fx) -> str:
+        """The program name of an output; an input or a weight returned as it is gets a copy,
+        since program outputs are definitions."""
+        if not hasattr(fx, "name"):
+            raise TorchImportError(f"output {fx!r} is not a tensor")
+        tensor = self.tensor(fx)
+        if any(name == tensor.name for name, _ in self.definitions):
+            return tensor.name
+        name = self.names.fresh(f"{fx.name}_out")
+        self.definitions.append((name, _elementwise(tensor, lambda read: read)))
+        return name
+
+
+def _map_nodes(value, fn):
+    """``value`` (nested lists, tuples, dicts) with every FX node replaced by ``fn(node)``."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_nodes(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_nodes(v, fn) for k, v in value.items()}
+    return fn(value) if hasattr(value, "all_input_nodes") else value
+
+
+def _numpy(value) -> np.ndarray:
+    return value.detach().cpu().numpy()
+
+
+class _Node:
+    """One FX call as its handler sees it: arguments with the schema's defaults, tensors and
+    constants as the program reads them, errors that name the node."""
+
+    def __init__(self, fx, build: _Build):
+        self.fx = fx
+        self.build = build
+        self.name = fx.name
+        self.key = _op_key(fx)
+        self.label = f"{self.key} node {fx.name!r}"
+
+    def error(self, message: str) -> TorchImportError:
+        return TorchImportError(f"{self.label}: {message}")
+
+    def arg(self, index: int):
+        """Argument ``index``: positional, by keyword, or the schema's default."""
+        if index < len(self.fx.args):
+            return self.fx.args[index]
+        spec = self.fx.target._schema.arguments[index]
+        return self.fx.kwargs.get(spec.name, spec.default_value if spec.has_default_value() else None)
+
+    def tensor(self, index: int) -> Tensor:
+        return self.build.tensor(self.arg(index))
+
+    def const(self, index: int) -> np.ndarray | None:
+        """Argument ``index`` as an array when it is known at build time (None otherwise)."""
+        value = self.arg(index)
+        name = getattr(value, "name", None)
+        return _numpy(self.build.constants[name]) if name in self.build.constants else None
+
+    def weight(self, suffix: str, value: np.ndarray) -> Tensor:
+        """A new weight computed at build time (a folded batch norm's scale and shift)."""
+        return self.build.weight(f"{self.name}_{suffix}", value)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape torch gives the (first) result: the cross-check of every definition."""
+        value = self.fx.meta["val"]
+        return _static_shape(value[0] if isinstance(value, (tuple, list)) else value, self.label)
+
+
+class _AsOnnx:
+    """An ATen call dressed as the ONNX node that means the same, so onnx_frontend's handlers for
+    pooling, concatenation, slicing, padding and transposition translate it: the semantics agree,
+    only the argument layout differs (the caller converts that)."""
+
+    def __init__(self, node: _Node, inputs: Sequence, **attributes):
+        self.node = node
+        self.inputs = list(inputs)
+        self.attributes = attributes
+        self.proto = SimpleNamespace(input=self.inputs)
+
+    def error(self, message: str) -> TorchImportError:
+        return self.node.error(message)
+
+    def has(self, index: int) -> bool:
+        return index < len(self.inputs)
+
+    def tensor(self, index: int) -> Tensor:
+        return self.node.build.tensor(self.inputs[index])
+
+    def attr(self, name: str, default=None):
+        return self.attributes.get(name, default)
+
+    def ints(self, name: str, index: int | None = None, default=None):
+        return tuple(self.attributes[name]) if name in self.attributes else default
+
+
+# --------------------------------------------------------------------------------------------
+# Handlers: convolution and batch norm
+
+
+_BATCH_NORM = "aten._native_batch_norm_legit_no_training.default"
+
+
+def _convolution(node: _Node) -> Scope:
+    """``convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups)``."""
+    x = node.tensor(0)
+    stride, padding, dilation, transposed, output_padding, groups = (node.arg(k) for k in range(3, 9))
+    if x.rank != 4:
+        raise node.error(f"only 2-D convolutions (rank-4 NCHW input) are supported, got shape {x.shape}")
+    if transposed and (groups != 1 or any(d != 1 for d in dilation)):
+        raise node.error(f"transposed convolution with groups={groups}, dilation={dilation} is not supported")
+    weight, bias = _conv_parameters(node, transposed)
+    if transposed:
+        scope = conv_transpose2d(x, weight, stride, padding, output_padding)
+    else:
+        scope = conv2d(x, weight, stride, padding, dilation, groups)
+    return scope if bias is None else _elementwise(scope, lambda read: read + bias[Var("i1")])
+
+
+def _conv_parameters(node: _Node, transposed: bool) -> tuple[Tensor, Tensor | None]:
+    """Weight and bias, with the batch norm after the convolution folded in when it is the
+    convolution's only reader and everything is known at build time: inference-mode batch norm
+    is ``x*scale + shift`` per output channel, so it scales the weight along that axis."""
+    has_bias = node.arg(2) is not None
+    weight, bias = node.const(1), node.const(2) if has_bias else 0.0
+    affine = _only_batch_norm_reader(node) if weight is not None and bias is not None else None
+    if affine is None:
+        return node.tensor(1), node.tensor(2) if has_bias else None
+    scale, shift = affine
+    shape = [1] * weight.ndim
+    shape[1 if transposed else 0] = -1
+    folded = (weight * scale.reshape(shape)).astype(weight.dtype)
+    return node.weight("folded_weight", folded), node.weight("folded_bias", (bias * scale + shift).astype(weight.dtype))
+
+
+def _only_batch_norm_reader(node: _Node) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scale, shift) of the batch norm that alone reads the convolution's result, when its
+    parameters are constants; that batch norm is then marked folded."""
+    readers = list(node.fx.users)
+    if len(readers) != 1 or _op_key(readers[0]) != _BATCH_NORM or readers[0].args[0] is not node.fx:
+        return None
+    bn = _Node(readers[0], node.build)
+    affine = _batch_norm_affine(bn)
+    if affine is not None:
+        node.build.folded_batch_norms.add(bn.name)
+    return affine
+
+
+def _batch_norm_affine(bn: _Node) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scale, shift) per channel of inference-mode batch norm, y = x*scale + shift, or None when
+    a parameter is not known at build time. A missing weight or bias (affine=False) is 1 or 0."""
+    mean, var = bn.const(3), bn.const(4)
+    gamma = bn.const(1) if bn.arg(1) is not None else 1.0
+    beta = bn.const(2) if bn.arg(2) is not None else 0.0
+    if any(p is None for p in (gamma, beta, mean, var)):
+        return None
+    scale = gamma / np.sqrt(var.astype(np.float64) + bn.arg(6))
+    return scale, beta - mean * scale
+
+
+def _batch_norm(node: _Node) -> Scope | Tensor:
+    """``_native_batch_norm_legit_no_training(x, weight, bias, mean, var, momentum, eps)``: folded
+    into the convolution before it, else ``x*scale[c] + shift[c]`` with c = axis 1 (computed in the
+    program when the parameters are graph inputs, as under torch.compile)."""
+    if node.name in node.build.folded_batch_norms:
+        return node.tensor(0)
+    x = node.tensor(0)
+    affine = _batch_norm_affine(node)
+    if affine is not None:
+        dtype = node.const(3).dtype
+        scale, shift = (node.weight(name, value.astype(dtype)) for name, value in zip(("scale", "shift"), affine))
+        return _elementwise(x, lambda read: read * scale[Var("i1")] + shift[Var("i1")])
+    c = Var("i1")
+    mean, var = node.tensor(3), node.tensor(4)
+
+    def normalise(read):
+        out = (read - mean[c]) / Unary("sqrt", var[c] + float(node.arg(6)))
+        out = out * node.tensor(1)[c] if node.arg(1) is not None else out
+        return out + node.tensor(2)[c] if node.arg(2) is not None else out
+
+    return _elementwise(x, normalise)
+
+
+# --------------------------------------------------------------------------------------------
+# Handlers: products and element-wise operations
+
+
+def _addmm(node: _Node) -> Scope:
+    """``beta*bias + alpha*(a @ b)`` (``linear`` decomposes to this)."""
+    product = matmul(node.tensor(1), node.tensor(2))
+    beta, alpha = node.arg(3), node.arg(4)
+    product = product if alpha == 1 else mul(product, alpha)
+    return add(product, node.tensor(0) if beta == 1 else mul(node.tensor(0), beta))
+
+
+def _operand(node: _Node, index: int, other: int):
+    """An element-wise operand: a number stays a number, as does a one-element constant when the
+    other operand alone has the output's rank; anything else is a tensor."""
+    value = node.arg(index)
+    if not hasattr(value, "name"):
+        return float(value)
+    constant = node.const(index)
+    partner = node.arg(other)
+    partner_rank = len(partner.meta["val"].shape) if hasattr(partner, "meta") else -1
+    if constant is not None and constant.size == 1 and constant.ndim <= partner_rank:
+        return float(constant.reshape(()))
+    return node.tensor(index)
+
+
+def _binary(op: str):
+    """``add.Tensor``, ``sub.Tensor`` (with ``alpha``), ``mul.Tensor``, ``div.Tensor``."""
+
+    def handle(node: _Node) -> Scope:
+        a, b = _operand(node, 0, 1), _operand(node, 1, 0)
+        alpha = node.arg(2) if op in "+-" else 1
+        if alpha != 1:
+            b = b * alpha if isinstance(b, float) else mul(b, alpha)
+        return binary(op, a, b)
+
+    return handle
+
+
+def _unary(builder):
+    return lambda node: builder(node.tensor(0))
+
+
+def _leaky_relu(node: _Node) -> Scope:
+    """``relu(x) - slope*relu(-x)``: exact for every slope (``max(x, slope*x)`` is not, above 1)."""
+    slope = float(node.arg(1))
+    return _elementwise(node.tensor(0), lambda read: Unary("relu", read) - slope * Unary("relu", -read))
+
+
+def _hardtanh(node: _Node) -> Scope:
+    """``min(max(x, low), high)`` as ``-max(-max(x, low), -high)`` (ReLU6 arrives as this)."""
+    low, high = float(node.arg(1)), float(node.arg(2))
+    return _elementwise(node.tensor(0), lambda read: -smax(-smax(read, low), -high))
+
+
+def _reciprocal(node: _Node) -> Scope:
+    return binary("/", 1.0, node.tensor(0))
+
+
+def _softmax(node: _Node) -> Scope:
+    return softmax(node.tensor(0), node.arg(1))
+
+
+def _reduce(builder):
+    """``mean.dim`` / ``sum.dim_IntList(x, dims, keepdim)``; empty or no dims reduce everything."""
+    return lambda node: builder(node.tensor(0), node.arg(1) or None, keepdims=bool(node.arg(2)))
+
+
+def _alias(node: _Node) -> Tensor:
+    """clone, alias: the value is the input's (dropout in eval mode and ``contiguous`` arrive as clone)."""
+    return node.tensor(0)
+
+
+def _first_output(node: _Node) -> Tensor:
+    """``getitem(result, 0)`` of batch norm or max pooling; the other outputs (indices,
+    statistics) are refused."""
+    if node.arg(1) != 0:
+        raise node.error(f"output #{node.arg(1)} of {_op_key(node.arg(0))} is not supported")
+    return node.tensor(0)
+
+
+# --------------------------------------------------------------------------------------------
+# Handlers: layout and pooling (onnx_frontend's, through _AsOnnx)
+
+
+def _view(node: _Node) -> Scope:
+    """view, unsqueeze, squeeze: a reshape to the shape torch gives the result."""
+    return _reshaped(node, node.tensor(0), node.shape)
+
+
+def _expand(node: _Node) -> Scope:
+    """Broadcast to the result's shape: a size-1 axis that grows is read at 0."""
+    x, shape = node.tensor(0), node.shape
+    lead = len(shape) - x.rank
+    reads = tuple(Lit(0) if size == 1 and shape[lead + k] != 1 else Var(f"i{lead + k}") for k, size in enumerate(x.shape))
+    return Scope(_iterators(shape), (), x[reads])
+
+
+def _select(node: _Node) -> Scope:
+    """``x.select(dim, index)``: the axis is read at a constant and dropped."""
+    x, dim, index = node.tensor(0), node.arg(1) % node.tensor(0).rank, node.arg(2)
+    index %= x.shape[dim]
+    its = _iterators(node.shape)
+    reads = [it.var for it in its]
+    reads.insert(dim, Lit(index))
+    return Scope(its, (), x[tuple(reads)])
+
+
+def _permute(node: _Node) -> Scope:
+    return _transpose(_AsOnnx(node, [node.arg(0)], perm=[d % node.tensor(0).rank for d in node.arg(1)]))
+
+
+def _cat(node: _Node) -> Scope:
+    return _concat(_AsOnnx(node, node.arg(0), axis=node.arg(1)))
+
+
+def _slice_tensor(node: _Node) -> Scope:
+    """``slice.Tensor(x, dim, start, end, step)``; None bounds are the whole axis."""
+    start, end = node.arg(2), node.arg(3)
+    return _slice(_AsOnnx(node, [node.arg(0)], starts=[start or 0], ends=[_INT64_MAX if end is None else end],
+                          axes=[node.arg(1)], steps=[node.arg(4)]))
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _constant_pad(node: _Node) -> Scope:
+    """``constant_pad_nd(x, pad, value)``: torch pads (begin, end) pairs from the last axis back,
+    ONNX gives all begins then all ends from the first axis."""
+    rank, pad = node.tensor(0).rank, list(node.arg(1))
+    begin, end = [0] * rank, [0] * rank
+    for k in range(len(pad) // 2):
+        begin[rank - 1 - k], end[rank - 1 - k] = pad[2 * k], pad[2 * k + 1]
+    return _pad(_AsOnnx(node, [node.arg(0)], mode="constant", pads=begin + end, value=float(node.arg(2))))
+
+
+def _two(value) -> list[int]:
+    """A 2-D window argument as two ints: torch accepts an int or a one-element list."""
+    values = [value] if isinstance(value, int) else list(value)
+    return values * 2 if len(values) == 1 else values
+
+
+def _window(node: _Node, kernel, stride, padding, dilation=1, ceil_mode=False, **extra) -> _AsOnnx:
+    kernel = _two(kernel)
+    (ph, pw) = _two(padding)
+    return _AsOnnx(node, [node.arg(0)], kernel_shape=kernel, strides=_two(stride) if stride else kernel,
+                   pads=[ph, pw, ph, pw], dilations=_two(dilation), ceil_mode=int(bool(ceil_mode)), **extra)
+
+
+def _max_pool(node: _Node) -> Scope:
+    """``max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode)``; output 0."""
+    return _pool("max")(_window(node, *(node.arg(k) for k in range(1, 6))))
+
+
+def _avg_pool(node: _Node) -> Scope:
+    """``avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)``."""
+    if node.arg(6) is not None:
+        raise node.error(f"divisor_override={node.arg(6)} is not supported")
+    kernel, stride, padding, ceil_mode, include = (node.arg(k) for k in range(1, 6))
+    return _pool("average")(_window(node, kernel, stride, padding, 1, ceil_mode, count_include_pad=int(include)))
+
+
+def _adaptive_avg_pool(node: _Node) -> Scope:
+    """Adaptive average pooling where the output size divides the input size: plain average
+    pooling with kernel = stride = input/output (to 1x1 arrives as ``mean.dim`` instead)."""
+    x, out = node.tensor(0), _two(node.arg(1))
+    if x.rank != 4 or any(n % o for n, o in zip(x.shape[2:], out)):
+        raise node.error(f"output size {tuple(out)} must divide the input's spatial size {x.shape[2:]}")
+    kernel = [n // o for n, o in zip(x.shape[2:], out)]
+    return _pool("average")(_window(node, kernel, kernel, 0))
+
+
+# op overload -> handler: a Scope is a new definition, a Tensor an alias of an existing value.
+SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Tensor]] = {
+    "aten.convolution.default": _convolution,
+    _BATCH_NORM: _batch_norm,
+    "aten.addmm.default": _addmm,
+    "aten.mm.default": lambda node: matmul(node.tensor(0), node.tensor(1)),
+    "aten.bmm.default": lambda node: batch_matmul(node.tensor(0), node.tensor(1)),
+    "aten.add.Tensor": _binary("+"),
+    "aten.sub.Tensor": _binary("-"),
+    "aten.mul.Tensor": _binary("*"),
+    "aten.div.Tensor": _binary("/"),
+    "aten.relu.default": _unary(relu),
+    "aten.sigmoid.default": _unary(sigmoid),
+    "aten.tanh.default": _unary(tanh),
+    "aten.exp.default": _unary(exp),
+    "aten.sqrt.default": _unary(sqrt),
+    "aten.neg.default": lambda node: unary("neg", node.tensor(0)),
+    "aten.reciprocal.default": _reciprocal,
+    "aten.leaky_relu.default": _leaky_relu,
+    "aten.hardtanh.default": _hardtanh,
+    "aten._softmax.default": _softmax,
+    "aten.mean.dim": _reduce(reduce_mean),
+    "aten.sum.dim_IntList": _reduce(reduce_sum),
+    "aten.view.default": _view,
+    "aten.unsqueeze.default": _view,
+    "aten.squeeze.dims": _view,
+    "aten.expand.default": _expand,
+    "aten.permute.default": _permute,
+    "aten.select.int": _select,
+    "aten.slice.Tensor": _slice_tensor,
+    "aten.cat.default": _cat,
+    "aten.constant_pad_nd.default": _constant_pad,
+    "aten.max_pool2d_with_indices.default": _max_pool,
+    "aten.avg_pool2d.default": _avg_pool,
+    "aten._adaptive_avg_pool2d.default": _adaptive_avg_pool,
+    "aten.clone.default": _alias,
+    "aten.alias.default": _alias,
+    "getitem": _first_output,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The torch.compile backend
+
+
+def rewriter_backend(gm, example_inputs):
+    """``torch.compile`` backend: the FX graph dynamo gives, translated like ``from_torch``, run
+    as a program. A graph it cannot translate (an unsupported operator, dynamic shapes, anything)
+    runs as it came, with a warning that says why: compiling must never break a model."""
+    try:
+        _check_static(gm)
+        exported = _export(gm, example_inputs)
+        model = _translate(exported)
+    except Exception as err:  # the original graph is always a correct answer
+        warnings.warn(f"rewriter backend runs the original graph: {err}", stacklevel=2)
+        return gm.forward
+    return _compiled(model, exported)
+
+
+def _check_static(gm) -> None:
+    """Dynamo hands over symbolic sizes once it has seen a shape change; a program has one shape."""
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            value = node.meta.get("example_value")
+            if not hasattr(value, "shape"):
+                raise TorchImportError(
+                    f"graph input {node.name!r} is {value!r}, not a tensor: dynamic shapes are not supported "
+                    "(torch.compile(..., dynamic=False) avoids them)"
+                )
+            _static_shape(value, f"graph input {node.name!r}")
+
+
+def _compiled(model: Model, exported) -> Callable:
+    """A callable with the graph's signature that runs the program and returns torch tensors in
+    the graph's output structure, dtypes and device."""
+    torch = _import_torch()
+    results = exported.graph.output_node().args[0]
+    dtypes = [fx.meta["val"].dtype for fx in results]
+    out_spec = exported.call_spec.out_spec
+
+    def run(*args):
+        outputs = _run_program(model, [_numpy(a) for a in args])
+        device = args[0].device if args else "cpu"
+        tensors = [torch.from_numpy(np.ascontiguousarray(o)).to(device=device, dtype=d) for o, d in zip(outputs, dtypes)]
+        return torch.utils._pytree.tree_unflatten(tensors, out_spec)
+
+    return run
+
+
+def _run_program(model: Model, inputs: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """Run the program on the user inputs in call order: the one seam where compiled programs
+    will replace the reference semantics."""
+    values = evaluate(model.program, model.feeds(dict(zip(model.inputs, inputs))))
+    return values if isinstance(values, tuple) else (values,)
+
+
+def register() -> None:
+    """Register the backend as ``torch.compile(backend="rewriter")``; a no-op when it already is
+    (by an earlier call or by the package's ``torch_dynamo_backends`` entry point)."""
+    torch = _import_torch()
+    if BACKEND_NAME not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(rewriter_backend, name=BACKEND_NAME)

@@ -1,0 +1,259 @@
+"""PyTorch front-end and torch.compile backend: small modules against eager PyTorch, batch norm
+folding, the errors that name the culprit, and the backend's fallback with a warning.
+
+Without torch the whole file skips.
+"""
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from rewriter import evaluate  # noqa: E402
+from rewriter import torch_frontend  # noqa: E402
+from rewriter.torch_frontend import SUPPORTED_OPS, TorchImportError, from_torch, register, rewriter_backend  # noqa: E402
+
+# torch.export's own deprecation noise
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch: dynamo's caches would hide a second compilation."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def randomise_batch_norms(module):
+    """Non-trivial statistics and affine parameters, so folding errors show."""
+    with torch.no_grad():
+        for bn in (m for m in module.modules() if isinstance(m, nn.BatchNorm2d)):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+            if bn.affine:
+                bn.weight.uniform_(0.5, 2)
+                bn.bias.uniform_(-1, 1)
+    return module.eval()
+
+
+def flat(outputs):
+    return [o.detach().numpy() for o in (outputs if isinstance(outputs, (tuple, list)) else (outputs,))]
+
+
+def close(got, expected):
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(e).max())))
+
+
+def check(module, *inputs):
+    """The imported program, evaluated on the inputs and the weights, equals eager PyTorch."""
+    module = randomise_batch_norms(module)
+    model = from_torch(module, inputs)
+    got = evaluate(model.program, model.feeds({name: x.numpy() for name, x in zip(model.inputs, inputs)}))
+    with torch.no_grad():
+        close(got if isinstance(got, tuple) else (got,), flat(module(*inputs)))
+    return model
+
+
+class Lambda(nn.Module):
+    def __init__(self, fn, **children):
+        super().__init__()
+        self.fn = fn
+        for name, child in children.items():
+            self.add_module(name, child)
+
+    def forward(self, *xs):
+        return self.fn(self, *xs)
+
+
+class ResidualBlock(nn.Module):
+    """ResNet's basic block with a projection shortcut."""
+
+    def __init__(self, channels=4, out=6, stride=2):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(channels, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out)
+        self.conv2, self.bn2 = nn.Conv2d(out, out, 3, 1, 1, bias=False), nn.BatchNorm2d(out)
+        self.down = nn.Sequential(nn.Conv2d(channels, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(y)) + self.down(x))
+
+
+def mlp():
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 5), nn.Softmax(-1))
+
+
+def generator():
+    """A DCGAN generator layer: transposed convolution, batch norm, ReLU, then tanh."""
+    return nn.Sequential(nn.ConvTranspose2d(6, 4, 4, 2, 1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.ConvTranspose2d(4, 3, 3, 1, 1), nn.Tanh())
+
+
+def pooling(s, x):
+    return (F.max_pool2d(x, 3, 2, 1), F.avg_pool2d(x, 2), F.avg_pool2d(x, 3, 2, 1, count_include_pad=False),
+            F.adaptive_avg_pool2d(x, 1).flatten(1), F.adaptive_avg_pool2d(x, 2))
+
+
+def cat_slice_pad(s, x):
+    joined = torch.cat([x[:, 1:3], x[:, ::2, 1:-1:3]], 2)
+    return F.pad(joined, (1, 2, 0, 1), value=0.5)[:, :, 0]
+
+
+def layout(s, x):
+    moved = x.permute(0, 2, 3, 1).reshape(2, 64, 4).transpose(1, 2).unsqueeze(1).squeeze(1)
+    return moved, x.mean((2, 3)), x.sum(-1, keepdim=True), x.sum()
+
+
+def elementwise(s, x, y):
+    return (1 - x * 2 / y + 0.5, torch.sigmoid(x) - F.leaky_relu(y, 0.2), F.relu6(3 * x), torch.sub(x, y, alpha=2),
+            1 / y + torch.exp(-x) * torch.tensor(2.0), torch.sqrt(y) + x.detach())
+
+
+def matmuls(s, a, b):
+    return a @ b, torch.bmm(a, b), a[0] @ b[1], a @ torch.ones(4, 2), torch.addmm(b[0, 0], a[0], b[0], beta=0.5, alpha=2.0)
+
+
+def batch_norm_read_twice(s, x):
+    y = s.conv(x)
+    return s.bn(y) + y
+
+
+X = torch.randn(2, 4, 8, 8)
+
+# name -> (module factory, example inputs...)
+MODULES = {
+    "conv_bn_relu": (lambda: nn.Sequential(nn.Conv2d(4, 5, 3, padding=1), nn.BatchNorm2d(5), nn.ReLU()), X),
+    "conv_stride_dilation_groups": (lambda: nn.Conv2d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2), X),
+    "residual_block": (ResidualBlock, X),
+    "generator": (generator, torch.randn(2, 6, 4, 4)),
+    "mlp_softmax": (mlp, torch.randn(3, 3, 2, 2)),
+    "pooling": (lambda: Lambda(pooling), X),
+    "cat_slice_pad": (lambda: Lambda(cat_slice_pad), X),
+    "layout": (lambda: Lambda(layout), X),
+    "elementwise": (lambda: Lambda(elementwise), torch.randn(2, 3), torch.rand(2, 3) + 0.5),
+    "matmuls": (lambda: Lambda(matmuls), torch.randn(2, 3, 4), torch.randn(2, 4, 5)),
+    "batch_norm_read_twice": (lambda: Lambda(batch_norm_read_twice, conv=nn.Conv2d(4, 4, 1), bn=nn.BatchNorm2d(4)), X),
+}
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_matches_eager(name):
+    make, *inputs = MODULES[name]
+    check(make(), *inputs)
+
+
+def test_batch_norm_folds_into_the_convolution_it_alone_reads():
+    model = check(nn.Sequential(nn.Conv2d(4, 5, 3), nn.BatchNorm2d(5), nn.ReLU()), X)
+    assert [name for name, _ in model.program.definitions] == ["convolution", "relu_"]
+    assert sorted(model.weights) == ["convolution_folded_bias", "convolution_folded_weight"]
+
+
+def test_batch_norm_after_a_shared_convolution_is_a_per_channel_affine():
+    make, x = MODULES["batch_norm_read_twice"]
+    model = check(make(), x)
+    assert any(name.endswith("_scale") for name in model.weights)
+
+
+def test_names_and_shapes_of_the_model():
+    model = check(mlp(), torch.randn(3, 3, 2, 2))
+    assert model.inputs == {"input": (3, 3, 2, 2)}
+    assert model.outputs == ("_softmax",)
+    assert model.program.outputs == (model.names["_softmax"],)
+
+
+def test_unsupported_ops_are_listed_together_before_anything_else():
+    # the 1-D convolution is a supported operator its handler refuses: the listing comes first
+    def forward(s, x):
+        return torch.sort(x, -1)[0] + torch.cumsum(x, -1) + torch.sort(x, 0)[0], s.conv(x[0])
+
+    module = Lambda(forward, conv=nn.Conv1d(8, 2, 3))
+    with pytest.raises(TorchImportError) as err:
+        from_torch(module.eval(), (torch.randn(4, 8, 8),))
+    message = str(err.value)
+    assert message.startswith("3 node(s) with unsupported operators (aten.cumsum.default, aten.sort.default): ")
+    assert "aten.sort.default node 'sort'" in message and "aten.sort.default node 'sort_1'" in message
+    assert "aten.cumsum.default node 'cumsum'" in message and "convolution" not in message
+
+
+def test_handler_errors_name_the_node():
+    with pytest.raises(TorchImportError, match=r"aten.convolution.default node 'convolution': only 2-D convolutions"):
+        from_torch(nn.Conv1d(3, 2, 3), (torch.randn(1, 3, 8),))
+    with pytest.raises(TorchImportError, match=r"node 'max_pool2d_with_indices': attribute ceil_mode=1 is not supported"):
+        from_torch(nn.MaxPool2d(2, ceil_mode=True), (X,))
+
+
+def test_training_mode_is_refused():
+    with pytest.raises(TorchImportError, match="_native_batch_norm_legit_functional"):
+        from_torch(nn.BatchNorm2d(4).train(), (X,))
+
+
+def test_every_supported_op_is_exercised():
+    seen = set()
+    for make, *inputs in MODULES.values():
+        graph = torch.export.export(randomise_batch_norms(make()), tuple(inputs)).run_decompositions().graph
+        seen |= {torch_frontend._op_key(node) for node in graph.nodes if node.op == "call_function"}
+    assert set(SUPPORTED_OPS) - seen == set()
+
+
+def compiled_runs(monkeypatch):
+    """Count the backend's program runs: a test that passes through the fallback would not."""
+    runs = []
+    original = torch_frontend._run_program
+    monkeypatch.setattr(torch_frontend, "_run_program", lambda model, inputs: runs.append(model) or original(model, inputs))
+    return runs
+
+
+def test_compiled_module_matches_eager_without_falling_back(monkeypatch):
+    runs = compiled_runs(monkeypatch)
+    module = randomise_batch_norms(ResidualBlock())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(module, backend=rewriter_backend)(X)
+    assert not [w for w in caught if "rewriter" in str(w.message)]
+    assert len(runs) == 1
+    with torch.no_grad():
+        close(flat(got), flat(module(X)))
+
+
+def test_unsupported_graph_falls_back_with_a_warning(monkeypatch):
+    runs = compiled_runs(monkeypatch)
+    module = Lambda(lambda s, x: torch.sort(s.lin(x), -1)[0], lin=nn.Linear(3, 4)).eval()
+    x = torch.randn(2, 3)
+    with pytest.warns(UserWarning, match=r"rewriter backend runs the original graph: .*aten.sort.default node 'sort'"):
+        got = torch.compile(module, backend=rewriter_backend)(x)
+    assert runs == []
+    with torch.no_grad():
+        close(flat(got), flat(module(x)))
+
+
+def test_dynamic_shapes_fall_back_with_a_warning():
+    module = mlp().eval()
+    with pytest.warns(UserWarning, match="dynamic shape"):
+        got = torch.compile(module, backend=rewriter_backend, dynamic=True)(torch.randn(3, 3, 2, 2))
+    assert got.shape == (3, 5)
+
+
+def test_register_is_idempotent_and_names_the_backend(monkeypatch):
+    runs = compiled_runs(monkeypatch)
+    register()
+    register()
+    module = mlp().eval()
+    x = torch.randn(3, 3, 2, 2)
+    with torch.no_grad():
+        close(flat(torch.compile(module, backend="rewriter")(x)), flat(module(x)))
+    assert len(runs) == 1
+
+
+def test_importing_rewriter_does_not_import_torch():
+    code = "import sys, rewriter, rewriter.torch_frontend; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
