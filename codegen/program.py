@@ -32,7 +32,7 @@ from rewriter.parser import parse
 from rewriter.reference import evaluate
 
 from .measure import MeasurementDB, signature, time_callable
-from .tvm_kernel import CodegenError, Schedule, TvmKernel, _aligned_copy, _aligned_empty, compile_scope, host_target
+from .tvm_kernel import CodegenError, Schedule, TvmKernel, aligned_copy, aligned_empty, compile_scope, host_target
 
 LIBRARY = ("matmul", "batch_matmul")
 DUAL = ("conv2d", "g2bmm", "gbmm")  # kernels with a TVM and a numpy implementation to race
@@ -91,11 +91,11 @@ class CompiledProgram:
             if name in inputs:
                 if np.shape(inputs[name]) != tuple(shape):
                     raise ExpressionError(f"input {name} has shape {np.shape(inputs[name])}, the program expects {tuple(shape)}")
-                values[name] = _aligned_copy(np.asarray(inputs[name]), self.dtype)
+                values[name] = _aligned(inputs[name], self.dtype)
         for step in self.steps:
             if step.kernel.output in self.constants:
                 continue
-            out = _aligned_empty(step.kernel.expr.shape, self.dtype)
+            out = aligned_empty(step.kernel.expr.shape, self.dtype)
             step.call(values, out)
             values[step.kernel.output] = out
         return values[self.output]
@@ -103,11 +103,11 @@ class CompiledProgram:
     def bind(self, weights: Mapping[str, np.ndarray]) -> CompiledProgram:
         """Fix ``weights`` as constants and evaluate the kernels that read only them, once
         (compile-time evaluation, OLLIE 5.4); the program then takes the other inputs alone."""
-        values = {n: _aligned_copy(np.asarray(v), self.dtype) for n, v in weights.items()}
+        values = {n: _aligned(v, self.dtype) for n, v in weights.items()}
         self.constants.update(values)
         for step in self.steps:
             if step.kernel.weight_only and set(tensor_shapes(step.kernel.expr)) <= set(values):
-                out = _aligned_empty(step.kernel.expr.shape, self.dtype)
+                out = aligned_empty(step.kernel.expr.shape, self.dtype)
                 step.call(values, out)
                 values[step.kernel.output] = self.constants[step.kernel.output] = out
         return self
@@ -117,8 +117,8 @@ class CompiledProgram:
         rng = np.random.default_rng(seed)
         for step in self._timed():
             shapes = tensor_shapes(step.kernel.expr)
-            values = {n: _aligned_copy(rng.uniform(-1, 1, s), self.dtype) for n, s in shapes.items()}
-            out = _aligned_empty(step.kernel.expr.shape, self.dtype)
+            values = {n: _aligned(rng.uniform(-1, 1, s), self.dtype) for n, s in shapes.items()}
+            out = aligned_empty(step.kernel.expr.shape, self.dtype)
             run = lambda step=step, values=values, out=out: step.call(values, out)  # noqa: E731
             result = db.measure(step.signature(self.dtype), run, **timing) if db else time_callable(run, **timing)
             step.seconds = result.median
@@ -174,7 +174,13 @@ def load(directory: str | Path) -> CompiledProgram:
         steps.append(step)
     constants = {name: np.load(directory / f"{name}.npy") for name in meta["constants"]}
     inputs = {n: tuple(s) for n, s in meta["inputs"].items()}
-    return CompiledProgram(steps, inputs, dtype, constants={n: _aligned_copy(v, dtype) for n, v in constants.items()})
+    return CompiledProgram(steps, inputs, dtype, constants={n: _aligned(v, dtype) for n, v in constants.items()})
+
+
+def _aligned(value, dtype: str) -> np.ndarray:
+    """A C-contiguous, 64-byte aligned, writable array (TVM refuses read-only buffers)."""
+    array = np.asarray(value)
+    return aligned_copy(array if array.flags.writeable else array.copy(), dtype)
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,6 +3,9 @@
     rewriter cases [--show NAME]               parse, print and evaluate the public cases
     rewriter eval "EXPRESSION" --shape A=2,3 --shape B=3,4 [--input A=a.npy] [--out y.npy]
     rewriter derive "EXPRESSION" --shape A=1,7,7,512 --shape K=3,3,512,512 [--max-depth 3]
+    rewriter optimize MODEL.onnx|ZOO-NAME [--small] [--max-depth 3] --out DIR
+    rewriter explain DIR                       the rule path of every subprogram
+    rewriter run DIR --input NAME=FILE.npy [--out y.npy]
 """
 
 from __future__ import annotations
@@ -114,6 +117,110 @@ def cmd_derive(args, console: Console) -> int:
     return 0
 
 
+def cmd_optimize(args, console: Console) -> int:
+    """OLLIE Algorithm 1 on a model: import, derive every subprogram, verify, save, report."""
+    import json
+    from pathlib import Path
+
+    from . import zoo
+    from .onnx_frontend import load_onnx
+    from .optimize import optimize_program
+
+    source = zoo.build(args.model, small=args.small) if args.model in zoo.NAMES else args.model
+    model = load_onnx(source)
+    console.print(f"{args.model}: {len(model.program.definitions)} subprograms, inputs {model.inputs}")
+    table = Table(title=f"{args.model}: optimized")
+    for column in ("subprogram", "state", "original ms", "optimized ms", "speedup", "kernels before/after", "search s"):
+        table.add_column(column, no_wrap=True, justify="right" if column != "subprogram" else "left")
+
+    def report(sub, index, total):
+        speedup = sub.original_s / sub.optimized_s if sub.optimized_s else float("nan")
+        kinds = "+".join(k.kind for k in sub.program.kernels)
+        console.print(f"[{index + 1}/{total}] {sub.name}: {sub.state}, {sub.original_s * 1e3:.3f} -> {sub.optimized_s * 1e3:.3f} ms ({kinds})",
+                      markup=False, highlight=False)
+        table.add_row(sub.name, sub.state, f"{sub.original_s * 1e3:.3f}", f"{sub.optimized_s * 1e3:.3f}", f"{speedup:.2f}x",
+                      f"{sub.kernels_before}/{sub.kernels_after}", f"{sub.search_s:.1f}")
+
+    optimized = optimize_program(model.program, model.weights, max_depth=args.max_depth, time_limit=args.time_limit,
+                                 on_subprogram=report)
+    rng = np.random.default_rng(args.seed)
+    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in model.inputs.items()}
+    want = model.run(feeds)
+    got = optimized(**{model.names[n]: v for n, v in feeds.items()})
+    got = got if isinstance(got, tuple) else (got,)
+    for name, value in zip(model.outputs, got):
+        error = float(np.abs(value - want[name]).max()) / max(1.0, float(np.abs(want[name]).max()))
+        if error > 1e-3:
+            raise ExpressionError(f"optimized {name} disagrees with the reference (relative error {error:.2e}); nothing saved")
+    total_before = sum(s.original_s for s in optimized.subprograms)
+    total_after = sum(s.optimized_s for s in optimized.subprograms)
+    table.add_row("total", "", f"{total_before * 1e3:.3f}", f"{total_after * 1e3:.3f}", f"{total_before / total_after:.2f}x", "", "")
+    console.print(table)
+    if args.out:
+        out = optimized.save(args.out)
+        meta = {"model": args.model, "names": model.names, "inputs": model.inputs, "outputs": list(model.outputs)}
+        (Path(out) / "onnx.json").write_text(json.dumps(meta, indent=1))
+        with open(Path(out) / "stats.jsonl", "w") as stats:
+            for sub in optimized.subprograms:
+                stats.write(json.dumps({"subprogram": sub.name, "state": sub.state, "original_s": sub.original_s,
+                                        "optimized_s": sub.optimized_s, "search_s": sub.search_s,
+                                        "kernels": [k.kind for k in sub.program.kernels]}) + "\n")
+        _copy_measurements(Path(out) / "measurements.sqlite")
+        console.print(f"saved to {out}")
+    return 0
+
+
+def _copy_measurements(target) -> None:
+    """A snapshot of the measurement database beside the program (sqlite's online backup)."""
+    import sqlite3
+
+    from codegen.measure import default_path
+
+    with sqlite3.connect(default_path()) as source, sqlite3.connect(target) as copy:
+        source.backup(copy)
+
+
+def _load_saved(directory):
+    import json
+    from pathlib import Path
+
+    from .optimize import load_optimized
+
+    optimized = load_optimized(directory)
+    meta_path = Path(directory) / "onnx.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    return optimized, meta
+
+
+def cmd_explain(args, console: Console) -> int:
+    optimized, _ = _load_saved(args.directory)
+    for sub in optimized.subprograms:
+        console.print(f"== {sub.name} ({sub.state})", markup=False, highlight=False)
+        console.print(sub.explain, markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def cmd_run(args, console: Console) -> int:
+    optimized, meta = _load_saved(args.directory)
+    names = meta.get("names", {})
+    inputs = {}
+    for item in args.input:
+        name, _, path = item.partition("=")
+        inputs[names.get(name, name)] = np.load(path)
+    if not args.input:  # random inputs, for a quick check
+        inputs = _random_inputs(optimized.inputs, args.seed)
+    start = time.perf_counter()
+    outs = optimized(**inputs)
+    elapsed = time.perf_counter() - start
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    for name, value in zip(optimized.outputs, outs):
+        console.print(f"{name}: shape {value.shape}, mean {value.mean():.6g}, std {value.std():.6g}")
+    console.print(f"ran in {elapsed * 1e3:.2f} ms")
+    if args.out:
+        np.save(args.out, outs[0])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rewriter", description="Derivation-based tensor program optimizer.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -134,12 +241,28 @@ def main(argv: list[str] | None = None) -> int:
     dv.add_argument("--backend", choices=("cpu", "reference"), default="cpu",
                     help="cpu: compile and measure (default); reference: numpy, analytic ranking")
     dv.add_argument("--out", metavar="DIR", help="save the best compiled program here (cpu backend)")
+    op = sub.add_parser("optimize", help="optimize a model (an ONNX file or a zoo name) subprogram by subprogram")
+    op.add_argument("model")
+    op.add_argument("--small", action="store_true", help="the reduced zoo model (quick runs)")
+    op.add_argument("--max-depth", type=int, default=3)
+    op.add_argument("--time-limit", type=float, default=None, metavar="SECONDS")
+    op.add_argument("--out", metavar="DIR")
+    op.add_argument("--seed", type=int, default=0)
+    ex = sub.add_parser("explain", help="the rule path of every subprogram of an optimized model")
+    ex.add_argument("directory")
+    rn = sub.add_parser("run", help="run an optimized model saved by optimize --out")
+    rn.add_argument("directory")
+    rn.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    rn.add_argument("--out", metavar="FILE.npy")
+    rn.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)  # pipes and CI logs: do not squeeze the tables to 80 columns
     try:
-        return {"cases": cmd_cases, "eval": cmd_eval, "derive": cmd_derive}[args.command](args, console)
+        commands = {"cases": cmd_cases, "eval": cmd_eval, "derive": cmd_derive, "optimize": cmd_optimize,
+                    "explain": cmd_explain, "run": cmd_run}
+        return commands[args.command](args, console)
     except ExpressionError as err:
         console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False)
         return 2

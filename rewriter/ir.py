@@ -644,6 +644,19 @@ def replace_reads(body: Scalar, name: str, make) -> Scalar:
     return map_accesses(body, read)
 
 
+def rename_tensors(scope: Scope, names: dict[str, str]) -> Scope:
+    """``scope`` reading tensor ``names[t]`` wherever it read ``t`` (all at once, nested scopes
+    included), so swapping two names works."""
+
+    def read(access: Access) -> Scalar:
+        source = access.source
+        if isinstance(source, Scope):
+            return Access(rename_tensors(source, names), access.indices)
+        return Tensor(names[source.name], source.shape)[access.indices] if source.name in names else access
+
+    return Scope(scope.traversal, scope.summation, map_accesses(scope.body, read), scope.reduce)
+
+
 def substitute(body: Scalar, mapping: dict[str, Index]) -> Scalar:
     """The body with iterators replaced in every index (nested scopes are closed: untouched)."""
     return map_accesses(body, lambda a: Access(a.source, tuple(substitute_index(ix, mapping) for ix in a.indices)))

@@ -35,3 +35,34 @@ def test_derive_lists_verified_candidates_and_explains_the_best(capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "verified candidates" in out and "matmul" in out and "E1 = L i:4, j:5" in out
+
+
+def test_optimize_a_zoo_model_then_run_and_explain_the_saved_program(tmp_path, capsys, monkeypatch):
+    import pytest
+
+    pytest.importorskip("onnx")
+    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "srcnn"
+    assert main(["optimize", "srcnn", "--small", "--max-depth", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "srcnn: optimized" in printed and "total" in printed and "speedup" in printed
+    assert {"model.json", "stats.jsonl", "measurements.sqlite", "onnx.json"} <= {p.name for p in out.iterdir()}
+    x = np.random.default_rng(0).standard_normal((2, 1, 12, 12)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(out), "--input", f"input={tmp_path / 'x.npy'}", "--out", str(tmp_path / "y.npy")]) == 0
+    from rewriter import zoo
+    from rewriter.onnx_frontend import load_onnx
+
+    want = load_onnx(zoo.build("srcnn", small=True)).run({"input": x})["output"]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-3, atol=1e-3)
+    capsys.readouterr()
+    assert main(["explain", str(out)]) == 0
+    assert "== conv1" in capsys.readouterr().out
+
+
+def test_optimize_refuses_a_model_it_cannot_read_and_writes_nothing(tmp_path, capsys):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx file")
+    assert main(["optimize", str(bad), "--out", str(tmp_path / "out")]) == 2
+    assert "bad.onnx" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()

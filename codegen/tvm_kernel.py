@@ -1,0 +1,740 @@
+"""eOperators: any expression ``Scope`` compiled into a CPU kernel with TVM (DESIGN.md, "Instantiation").
+
+``compile_scope(scope)`` lowers the scope to TVM tensor expressions, applies a loop schedule and
+compiles it with LLVM for the host CPU. The lowering reproduces ``rewriter.reference.evaluate``:
+
+* every scope is a ``te.compute`` stage over its own box (element ``[x - lo]`` holds iterator value
+  ``x``); a nested scope is a closed term, so equal nested scopes share one stage, evaluated once;
+* a nested scope that only re-indexes (no summation, body one access) is inlined: its indices are
+  substituted into the read, and "inside its box" joins the read's bounds conditions;
+* a read outside a tensor's (or stage's) bounds is 0. Exact index bounds (``index_bounds``) drop
+  the conditions that always hold and the reads that are always outside; what remains reads a
+  zero-padded copy of the source (a padding stage: loads stay unconditional, so they vectorise)
+  or, without padding or when padding would be too large, a guarded load (``if_then_else``).
+
+Compiled kernels are cached on disk, keyed by a content hash (see ``cache_dir``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import tvm
+import tvm.target.codegen
+from tvm import s_tir, te, tirx
+
+from rewriter.errors import ExpressionError
+from rewriter.indexing import affine_coefficients, index_bounds
+from rewriter.ir import (
+    Access,
+    Binary,
+    Index,
+    IndexNeg,
+    Iterator,
+    IndexOp,
+    Lit,
+    Num,
+    Scalar,
+    Scope,
+    Tensor,
+    Unary,
+    Var,
+    constant_value,
+    index_vars,
+    substitute_index,
+    tensor_shapes,
+)
+
+# The source of this module is part of every cache key: a change to the lowering never loads a
+# kernel compiled by the old one.
+_SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+_INT32 = 2**31 - 1
+
+
+class CodegenError(RuntimeError):
+    """A scope that TVM could not lower or compile; the message names the scope."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Loop schedule parameters applied to every stage of a kernel (a tuner enumerates these).
+
+    Per stage, vector lanes go along the innermost traversal loop, or along a summation loop
+    that the reads run along contiguously where traversal lanes would gather (rfactor: partial
+    sums in registers, summed across lanes at the end). A register tile of ``tile`` rows of
+    lanes sits inside the summation loops, and the outer traversal loops are fused into one
+    parallel loop. A schedule that a TVM primitive refuses for some stage falls back to the
+    plain loops for the whole kernel, which are always sound.
+    """
+
+    vector: int | None = None  # vector lanes; None: the target's width, 1: none
+    tile: int = 4  # unrolled rows of vectors inside the reduction loops (register blocking); 1: none
+    parallel: int | None = None  # outer spatial loops fused into the parallel loop; None: enough, 0: serial
+    unroll: int = 1  # unroll factor of the innermost summation loop (with traversal lanes)
+    pad: bool = True  # reads whose bounds checks vary along vector lanes use zero-padded copies
+    reduction_vector: bool | None = None  # lanes along a summation loop; None: where traversal lanes would gather
+
+
+DEFAULT_SCHEDULE = Schedule()
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels live: ``$REWRITER_CACHE``, else ``~/.cache/rewriter/kernels``."""
+    return Path(os.environ.get("REWRITER_CACHE") or Path.home() / ".cache" / "rewriter" / "kernels")
+
+
+def host_target(target: str | dict = "llvm") -> tvm.target.Target:
+    """The target; plain ``"llvm"`` means this CPU (TVM's generic x86 would stop at SSE2)."""
+    if target == "llvm":
+        return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+    return tvm.target.Target(target)
+
+
+# --------------------------------------------------------------------------------------------
+# Lowering a scope to tensor expressions
+
+
+def _is_reindexing(scope: Scope) -> bool:
+    """A scope that only moves elements: inlining it costs nothing and saves a stage."""
+    return not scope.summation and isinstance(scope.body, Access)
+
+
+def _box(scope: Scope) -> dict[str, tuple[int, int]]:
+    return {it.name: (it.lo, it.hi) for it in scope.iterators}
+
+
+def _subindices(ix: Index):
+    yield ix
+    if isinstance(ix, IndexNeg):
+        yield from _subindices(ix.arg)
+    elif isinstance(ix, IndexOp):
+        yield from _subindices(ix.lhs)
+        yield from _subindices(ix.rhs)
+
+
+@dataclass
+class _Stage:
+    """A ``te.compute`` stage and what the scheduler needs to know about it."""
+
+    tensor: te.Tensor
+    shape: tuple[int, ...]
+    summation: tuple[Iterator, ...] = ()
+    traversal: tuple[str, ...] = ()  # iterator names (none for a padding stage)
+    reads: tuple[tuple[tuple[Index, ...], tuple[int, ...]], ...] = ()  # (indices, buffer shape)
+    divided: frozenset[str] = frozenset()  # iterators under an index division or modulo
+
+    @property
+    def inner(self) -> str | None:
+        """The innermost traversal iterator, where vector lanes go by default."""
+        return self.traversal[-1] if self.traversal else None
+
+
+@dataclass
+class _Building:
+    """What ``read`` records about the stage under construction."""
+
+    scope: Scope
+    reads: list = field(default_factory=list)
+    divided: set = field(default_factory=set)
+
+
+class _Lowering:
+    """The stages of one kernel: inputs are placeholders, every non-inlined scope a stage."""
+
+    def __init__(self, scope: Scope, dtype: str, pad: bool, ix_dtype: str):
+        self.dtype = dtype
+        self.pad = pad
+        self.ix_dtype = ix_dtype
+        self.fits_int32 = True  # no index or buffer offset can exceed int32 (else lower with int64)
+        self.inputs = {
+            name: te.placeholder(self._shape(shape), dtype, name) for name, shape in tensor_shapes(scope).items()
+        }
+        self.scopes: dict[Scope, te.Tensor] = {}
+        self.padded: dict[tuple, te.Tensor] = {}
+        self.stages: list[_Stage] = []
+        self.building: list[_Building] = []  # a stack: stages build their nested stages
+        self.names = (f"s{k}" for k in itertools.count())  # block names, unique
+        self.output = self.stage(scope, "out")
+
+    def _shape(self, shape) -> tuple:
+        return tuple(tirx.const(d, self.ix_dtype) for d in shape)
+
+    # -- stages
+    def stage(self, scope: Scope, name: str) -> te.Tensor:
+        """The stage computing ``scope`` over its box (memoised: equal scopes share a value)."""
+        if scope not in self.scopes:
+            self.building.append(_Building(scope))
+            names = [it.name for it in scope.traversal]
+            fcompute = lambda *axes: self._compute(scope, axes)  # noqa: E731 (te.compute reads its signature)
+            tensor = te.compute(self._shape(scope.shape), fcompute, name, varargs_names=names)
+            built = self.building.pop()
+            reads, divided = tuple(built.reads), frozenset(built.divided)
+            self.stages.append(_Stage(tensor, scope.shape, scope.summation, tuple(names), reads, divided))
+            self.scopes[scope] = tensor
+        return self.scopes[scope]
+
+    def _compute(self, scope: Scope, axes) -> tirx.PrimExpr:
+        env = {it.name: ax + tirx.const(it.lo, self.ix_dtype) for it, ax in zip(scope.traversal, axes)}
+        reduce_axes = [te.reduce_axis(self._range(it.size), name=it.name) for it in scope.summation]
+        env.update({it.name: ax.var + tirx.const(it.lo, self.ix_dtype) for it, ax in zip(scope.summation, reduce_axes)})
+        value = self.scalar(scope.body, env, _box(scope))
+        if not reduce_axes:
+            return value
+        return (te.max if scope.reduce == "max" else te.sum)(value, axis=reduce_axes)
+
+    def _range(self, size: int) -> tuple:
+        return (tirx.const(0, self.ix_dtype), tirx.const(size, self.ix_dtype))
+
+    def padded_copy(self, key, source: te.Tensor, shape, pads) -> te.Tensor:
+        """``source`` with ``pads[d] = (before, after)`` zeros around each dimension d."""
+        if (key, pads) not in self.padded:
+            big = tuple(d + a + b for d, (a, b) in zip(shape, pads))
+
+            def fcompute(*p):
+                inside = [
+                    cond
+                    for x, d, (a, b) in zip(p, shape, pads)
+                    for cond in ((x >= a) if a else None, (x < a + d) if b else None)
+                    if cond is not None
+                ]
+                load = source[tuple(x - a for x, (a, _) in zip(p, pads))]
+                return tirx.if_then_else(tirx.all(*inside), load, self.zero)
+
+            tensor = te.compute(self._shape(big), fcompute, f"pad_{next(self.names)}")
+            self.stages.append(_Stage(tensor, big))
+            self.padded[key, pads] = tensor
+        return self.padded[key, pads]
+
+    # -- scalars
+    @property
+    def zero(self) -> tirx.PrimExpr:
+        return tirx.const(0.0, self.dtype)
+
+    def scalar(self, body: Scalar, env, box) -> tirx.PrimExpr:
+        match body:
+            case Num(value):
+                return tirx.const(value, self.dtype)
+            case Access(source, indices):
+                return self.read(source, indices, [], env, box)
+            case Unary(fn, arg):
+                return self.unary(fn, self.scalar(arg, env, box))
+            case Binary(op, lhs, rhs):
+                return self.binary(op, self.scalar(lhs, env, box), self.scalar(rhs, env, box))
+        raise CodegenError(f"cannot lower {body!r}")
+
+    def unary(self, fn: str, x: tirx.PrimExpr) -> tirx.PrimExpr:
+        half = tirx.const(0.5, self.dtype)
+        match fn:
+            case "neg":
+                return -x
+            case "relu":
+                return tirx.max(x, self.zero)
+            case "exp":
+                return tirx.exp(x)
+            case "tanh":
+                return tirx.tanh(x)
+            case "sigmoid":  # the reference's formula, so results agree to rounding
+                return half * (tirx.const(1.0, self.dtype) + tirx.tanh(half * x))
+            case "sqrt":
+                return tirx.sqrt(x)
+        raise CodegenError(f"unknown function {fn!r}")
+
+    @staticmethod
+    def binary(op: str, a: tirx.PrimExpr, b: tirx.PrimExpr) -> tirx.PrimExpr:
+        match op:
+            case "+":
+                return a + b
+            case "-":
+                return a - b
+            case "*":
+                return a * b
+            case "/":
+                return a / b
+            case "max":
+                return tirx.max(a, b)
+        raise CodegenError(f"unknown operator {op!r}")
+
+    # -- reads
+    def read(self, source, indices, conditions, env, box) -> tirx.PrimExpr:
+        """``source[indices]``, 0 outside its bounds and wherever a ``(index, lo, hi)`` condition
+        of an inlined scope fails; only conditions the bounds do not prove become code."""
+        if isinstance(source, Scope) and _is_reindexing(source):
+            mapping = {it.name: ix for it, ix in zip(source.traversal, indices)}
+            inner = source.body
+            own = [(ix, it.lo, it.hi) for ix, it in zip(indices, source.traversal)]
+            composed = tuple(substitute_index(ix, mapping) for ix in inner.indices)
+            return self.read(inner.source, composed, conditions + own, env, box)
+        lows = [0] * source.rank if isinstance(source, Tensor) else [it.lo for it in source.traversal]
+        shape = tuple(source.shape)
+        checks = conditions + [(ix, lo, lo + d) for ix, lo, d in zip(indices, lows, shape)]
+        bounds = [index_bounds(ix, box) for ix, _, _ in checks]
+        if any(b_hi < lo or b_lo >= hi for (_, lo, hi), (b_lo, b_hi) in zip(checks, bounds)):
+            return self.zero  # always outside: every read is padding (and no stage is needed)
+        if isinstance(source, Tensor):
+            key, buffer = source.name, self.inputs[source.name]
+        else:
+            key, buffer = source, self.stage(source, next(self.names))
+        own = zip(checks[len(conditions) :], bounds[len(conditions) :])
+        pads = tuple((max(0, lo - b_lo), max(0, b_hi - hi + 1)) for (_, lo, hi), (b_lo, b_hi) in own)
+        outside = [ix for ix, (a, b) in zip(indices, pads) if a or b]
+        if self.pad and outside and _pad_fits(shape, pads) and self._along_lanes(outside, indices, shape):
+            buffer = self.padded_copy(key, buffer, shape, pads)
+            lows = [lo - a for lo, (a, _) in zip(lows, pads)]
+            checks, bounds = checks[: len(conditions)], bounds[: len(conditions)]
+        position = tuple(self.index(ix, env, box) - tirx.const(lo, self.ix_dtype) for ix, lo in zip(indices, lows))
+        load = buffer[position]
+        buffer_shape = tuple(int(d) for d in buffer.shape)
+        self.building[-1].reads.append((tuple(indices), buffer_shape))
+        self.fits_int32 = self.fits_int32 and _fits_int32(indices, lows, buffer_shape, box)
+        guards = []
+        for (ix, lo, hi), (b_lo, b_hi) in zip(checks, bounds):
+            value = self.index(ix, env, box)
+            if b_lo < lo:
+                guards.append(value >= tirx.const(lo, self.ix_dtype))
+            if b_hi >= hi:
+                guards.append(value < tirx.const(hi, self.ix_dtype))
+        return tirx.if_then_else(tirx.all(*guards), load, self.zero) if guards else load
+
+    def _along_lanes(self, outside, indices, shape) -> bool:
+        """Whether a bounds check would vary along vector lanes: the innermost traversal loop, or
+        a summation loop the read runs along. Only then does a padded copy pay for itself; a
+        check that is the same for all lanes is hoisted out of the vector loop."""
+        scope = self.building[-1].scope
+        lanes = {it.name for it in scope.traversal[-1:]}
+        lanes |= {it.name for it in scope.summation if _stride(it.name, indices, shape) == 1}
+        return any(index_vars(ix) & lanes for ix in outside)
+
+    def index(self, ix: Index, env, box) -> tirx.PrimExpr:
+        match ix:
+            case Var(name):
+                return env[name]
+            case Lit(value):
+                return tirx.const(value, self.ix_dtype)
+            case IndexNeg(arg):
+                return -self.index(arg, env, box)
+            case IndexOp("/" | "%" as op, lhs, rhs):
+                return self.floor(op, lhs, constant_value(rhs), env, box)
+            case IndexOp(op, lhs, rhs):
+                a, b = self.index(lhs, env, box), self.index(rhs, env, box)
+                return a + b if op == "+" else a - b if op == "-" else a * b
+        raise CodegenError(f"cannot lower index {ix!r}")
+
+    def floor(self, op: str, lhs: Index, divisor: int, env, box) -> tirx.PrimExpr:
+        """Floor division or modulo as truncated ones of a numerator shifted to be non-negative
+        over the box (``x/d = (x + k*d)/d - k``). TVM 0.27's buffer flattening simplifies
+        ``floordiv``/``floormod`` of numerators with negative coefficients wrongly (e.g.
+        ``A[(-i-3)//2 + 4]`` becomes ``A[i//-2 + 2]``); truncated division of a non-negative
+        numerator comes out right. Its vectoriser gets ``truncmod`` of a decreasing ramp wrong,
+        so the scheduler keeps lanes off iterators recorded here."""
+        self.building[-1].divided.update(index_vars(lhs))
+        shift = max(0, -(index_bounds(lhs, box)[0] // divisor))  # k = ceil(-lo / d) when lo < 0
+        numerator = self.index(lhs, env, box) + tirx.const(shift * divisor, self.ix_dtype)
+        d = tirx.const(divisor, self.ix_dtype)
+        if op == "%":
+            return tirx.truncmod(numerator, d)
+        return tirx.truncdiv(numerator, d) - tirx.const(shift, self.ix_dtype)
+
+
+def _fits_int32(indices, lows, shape, box) -> bool:
+    """Whether every sub-index and the flat offset of a read stay in int32 over the box (a
+    guarded read computes its offset even where it reads nothing)."""
+    subs = [abs(b) for ix in indices for sub in _subindices(ix) for b in index_bounds(sub, box)]
+    reach = [max(abs(b - lo) for b in index_bounds(ix, box)) for ix, lo in zip(indices, lows)]
+    offset = sum(r * step for r, step in zip(reach, _row_major(shape)))
+    return max(subs + [offset, math.prod(shape)]) <= _INT32
+
+
+def _lowered(scope: Scope, dtype: str, pad: bool) -> _Lowering:
+    """int32 indices (the fast common case), int64 where a far read needs them."""
+    lowering = _Lowering(scope, dtype, pad, "int32")
+    return lowering if lowering.fits_int32 else _Lowering(scope, dtype, pad, "int64")
+
+
+def _pad_fits(shape, pads) -> bool:
+    """Padding pays while the copy stays small; reads that reach far out are guarded instead."""
+    size = math.prod(shape)
+    return math.prod(d + a + b for d, (a, b) in zip(shape, pads)) <= 4 * size + (1 << 16)
+
+
+# --------------------------------------------------------------------------------------------
+# Scheduling
+
+
+class _Refused(Exception):
+    """The loop nest is not the shape a schedule expects: the plain loops are used instead."""
+
+
+_FALLBACK = (s_tir.ScheduleError, _Refused)
+
+
+def _lanes(extent: int, wanted: int) -> int:
+    """The vector width for a loop: the largest divisor of ``extent`` up to ``wanted``."""
+    return max((d for d in range(1, min(extent, wanted) + 1) if extent % d == 0), default=1)
+
+
+def _row_major(shape) -> list[int]:
+    return [math.prod(shape[k + 1 :]) for k in range(len(shape))]
+
+
+def _stride(name: str, indices, shape) -> int | None:
+    """Elements between reads at ``name`` and ``name + 1`` (None: not affine in ``name``)."""
+    total = 0
+    for ix, step in zip(indices, _row_major(shape)):
+        form = affine_coefficients(ix)
+        if form is None:
+            if name in index_vars(ix):
+                return None
+            continue
+        total += form[0].get(name, 0) * step
+    return total
+
+
+def _gathers(stage: _Stage, name: str) -> bool:
+    """Whether vector lanes along ``name`` would gather: some read is neither contiguous nor
+    the same element for every lane."""
+    return any(_stride(name, indices, shape) not in (0, 1) for indices, shape in stage.reads)
+
+
+def _lane_summation(stage: _Stage, params: Schedule, native: int) -> int | None:
+    """The summation loop to vectorise (its position), when reads are contiguous along it and
+    the innermost traversal loop would gather (``params.reduction_vector`` None), or always (True)."""
+    if params.reduction_vector is False or stage.inner is None:
+        return None
+    if params.reduction_vector is None and not _gathers(stage, stage.inner) and stage.inner not in stage.divided:
+        return None
+    candidates = [
+        (it.size, k)
+        for k, it in enumerate(stage.summation)
+        if _lanes(it.size, params.vector or native) > 1
+        and not _gathers(stage, it.name)
+        and it.name not in stage.divided
+        and any(_stride(it.name, ix, shape) == 1 for ix, shape in stage.reads)
+    ]
+    return max(candidates)[1] if candidates else None
+
+
+def _tile_axis(extents, rows: int) -> tuple[int, int] | None:
+    """(axis, rows) of the innermost spatial loop that splits into 2..``rows`` rows."""
+    for axis in reversed(range(len(extents))):
+        if _lanes(extents[axis], rows) > 1:
+            return axis, _lanes(extents[axis], rows)
+    return None
+
+
+def _schedule_stage(sch: s_tir.Schedule, stage: _Stage, params: Schedule, native: int) -> None:
+    """Vectorise (a traversal loop, or a summation loop the reads run along) and parallelise."""
+    if not stage.shape:
+        return
+    block = sch.get_sblock(stage.tensor.op.name)
+    summed = _lane_summation(stage, params, native)
+    if summed is None:
+        _vector_traversal(sch, block, stage, params, native)
+    else:
+        _vector_summation(sch, block, stage, params, native, summed)
+
+
+_PARALLEL_ITERATIONS = 128  # enough chunks to balance threads; more only adds index arithmetic
+
+
+def _parallel(sch: s_tir.Schedule, loops: list, params: Schedule) -> None:
+    """Fuse the first ``params.parallel`` loops into a parallel loop; by default the fewest that
+    give ``_PARALLEL_ITERATIONS`` iterations (fusing all makes tiny iterations that spend their
+    time decoding the fused index)."""
+    if params.parallel is None:
+        extents = [int(sch.get(loop).extent) for loop in loops]
+        count = next((k for k in range(1, len(loops)) if math.prod(extents[:k]) >= _PARALLEL_ITERATIONS), len(loops))
+    else:
+        count = min(params.parallel, len(loops))
+    if count:
+        sch.parallel(sch.fuse(*loops[:count]) if count > 1 else loops[0])
+
+
+def _vector_traversal(sch, block, stage: _Stage, params: Schedule, native: int) -> None:
+    """Lanes along the innermost traversal loop, a register tile of ``tile`` rows of lanes
+    around them, the summation loops outside the tile, the outer loops fused and parallel."""
+    rank = len(stage.shape)
+    loops = list(sch.get_loops(block))
+    spatial, reduction = loops[:rank], loops[rank:]
+    extents = list(stage.shape)
+    vector = []
+    lanes = 1 if stage.inner in stage.divided else _lanes(extents[-1], params.vector or native)
+    if lanes > 1:
+        spatial[-1], inner = sch.split(spatial[-1], [None, lanes])
+        extents[-1] //= lanes
+        vector = [inner]
+    tile = []
+    found = _tile_axis(extents, params.tile) if reduction else None
+    if found:
+        axis, rows = found
+        spatial[axis], inner = sch.split(spatial[axis], [None, rows])
+        tile = [inner]
+    unrolled = []
+    if params.unroll > 1 and reduction:
+        factor = _lanes(int(sch.get(reduction[-1]).extent), params.unroll)
+        if factor > 1:
+            reduction[-1], inner = sch.split(reduction[-1], [None, factor])
+            unrolled = [inner]
+    sch.reorder(*spatial, *reduction, *unrolled, *tile, *vector)
+    _parallel(sch, spatial, params)
+    for loop in unrolled + tile:
+        sch.unroll(loop)
+    if vector:
+        sch.vectorize(vector[0])
+    if reduction:  # initialise before the summation loops, not under a branch inside them
+        sch.decompose_reduction(block, reduction[0])
+
+
+def _vector_summation(sch, block, stage: _Stage, params: Schedule, native: int, summed: int) -> None:
+    """Lanes along a summation loop (rfactor): each output keeps a vector of partial results in
+    registers, summed across lanes at the end; ``tile`` outputs share the loads of their reads."""
+    rank = len(stage.shape)
+    loops = list(sch.get_loops(block))
+    spatial, reduction = loops[:rank], loops[rank:]
+    lanes = _lanes(stage.summation[summed].size, params.vector or native)
+    contiguous = reduction.pop(summed)
+    outer, lane = sch.split(contiguous, [None, lanes])
+    sch.reorder(*spatial, *reduction, outer, lane)
+    partial = sch.rfactor(lane, factor_axis=rank)
+    spatial = list(sch.get_loops(block))[:rank]
+    found = _tile_axis(list(stage.shape), params.tile)
+    tile_rows, inner = [], []
+    if found:
+        axis, rows = found
+        spatial[axis], *inner = sch.split(spatial[axis], [None, rows])
+        tile_rows = [rows]
+    spatial = [spatial[k] for k in _outer_order(stage)]
+    sch.reorder(*spatial, *inner)
+    sch.compute_at(partial, spatial[-1])
+    sch.set_scope(partial, 0, "local")
+    # compute_at made one loop per partial-block variable it leaves free, in the block's order:
+    # the lane, the tile rows, then the summation loops
+    new = list(sch.get_loops(partial))[len(spatial) :]
+    extents = [int(sch.get(loop).extent) for loop in new[: 1 + len(tile_rows)]]
+    if extents != [lanes] + tile_rows:
+        raise _Refused(f"unexpected loops {extents} after compute_at")
+    lane, rows, sums = new[0], new[1 : 1 + len(tile_rows)], new[1 + len(tile_rows) :]
+    sch.reorder(*sums, *rows, lane)
+    _parallel(sch, spatial, params)
+    for loop in rows:
+        sch.unroll(loop)
+    sch.vectorize(lane)
+    if sums:
+        sch.decompose_reduction(partial, sums[0])
+
+
+def _outer_order(stage: _Stage) -> list[int]:
+    """Traversal positions, those indexing the most input elements first: loops over a large
+    operand (a weight's output channels) go outermost, so that its slice stays in cache while
+    the inner loops sweep the small operands."""
+    weight = [
+        sum(math.prod(shape) for indices, shape in stage.reads if any(name in index_vars(ix) for ix in indices))
+        for name in stage.traversal
+    ]
+    return sorted(range(len(weight)), key=lambda k: -weight[k])
+
+
+def _native_lanes(target: tvm.target.Target, dtype: str) -> int:
+    bits = tvm.target.codegen.llvm_get_vector_width(target) if target.kind.name == "llvm" else 128
+    return max(1, bits // np.dtype(dtype).itemsize // 8)
+
+
+def _scheduled(lowering: _Lowering, params: Schedule | None, target) -> tvm.IRModule:
+    """The kernel's module with ``params`` applied to every stage (None: the plain loops)."""
+    func = te.create_prim_func([*lowering.inputs.values(), lowering.output])
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    if params is not None:
+        native = _native_lanes(target, lowering.dtype)
+        used = _used_ops(lowering.output)
+        for stage in lowering.stages:
+            if stage.tensor.op in used:
+                _schedule_stage(sch, stage, params, native)
+    return sch.mod
+
+
+def _used_ops(output: te.Tensor) -> set:
+    """The stages the output depends on: TVM folds a product with a padding 0 away, and with it
+    the reads of its other factor, whose stage then never becomes a block."""
+    used, stack = set(), [output]
+    while stack:
+        op = stack.pop().op
+        if op not in used:
+            used.add(op)
+            stack.extend(op.input_tensors)
+    return used
+
+
+def _module(scope: Scope, dtype: str, params: Schedule, target) -> tvm.IRModule:
+    """The kernel's module under ``params``, or its plain loops (always sound) when a schedule
+    primitive refuses ``params``."""
+    lowering = _lowered(scope, dtype, params.pad)
+    try:
+        return _scheduled(lowering, params, target)
+    except _FALLBACK:
+        return _scheduled(lowering, None, target)
+
+
+def _compile(scope: Scope, dtype: str, params: Schedule, target):
+    try:
+        return tvm.compile(_module(scope, dtype, params, target), target=target)
+    except (RuntimeError, ValueError, TypeError) as err:
+        raise CodegenError(f"TVM could not compile {scope} (dtype {dtype}, {params}): {err}") from err
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels and the on-disk cache
+
+
+class TvmKernel:
+    """A compiled scope. ``kernel(**arrays)`` returns a new array; ``kernel.run(arrays, out)``
+    writes into ``out`` without allocating (for timing; ``prepare`` makes such buffers).
+
+    TVM's machine code assumes 64-byte aligned buffers (AVX-512 aligned loads fault otherwise;
+    numpy only promises 16), so every buffer handed to the kernel is aligned first or checked.
+    """
+
+    def __init__(self, scope: Scope, dtype: str, schedule: Schedule, target, module, path: Path | None, from_cache: bool):
+        self.scope = scope
+        self.dtype = dtype
+        self.schedule = schedule
+        self.target = target
+        self.inputs = tensor_shapes(scope)
+        self.shape = scope.shape
+        self.path = path  # the shared library in the cache (None when it could not be written)
+        self.from_cache = from_cache
+        self._module = module  # keeps the loaded library alive while its function is in use
+        self._function = module["main"]
+
+    def __call__(self, **arrays) -> np.ndarray:
+        values = {name: aligned_copy(value, self.dtype) for name, value in self._checked(arrays).items()}
+        out = aligned_empty(self.shape, self.dtype)
+        self.run(values, out)
+        return out
+
+    def prepare(self, **arrays) -> tuple[dict[str, object], object]:
+        """(inputs, output) as TVM tensors on the CPU, ready for ``run``."""
+        device = tvm.cpu()
+        checked = self._checked(arrays).items()
+        values = {name: tvm.runtime.tensor(np.ascontiguousarray(v, self.dtype), device) for name, v in checked}
+        return values, tvm.runtime.empty(self.shape, self.dtype, device)
+
+    def run(self, arrays: Mapping[str, object], out) -> None:
+        """Run on prepared buffers: TVM tensors, or C-contiguous, 64-byte aligned numpy arrays of
+        the kernel's dtype (a misaligned one is refused, not copied)."""
+        args = [arrays[name] for name in self.inputs] + [out]
+        for arg in args:
+            if isinstance(arg, np.ndarray) and not _is_aligned(arg):
+                raise ValueError("TvmKernel.run: numpy buffers must be C-contiguous and 64-byte aligned (use prepare())")
+        self._function(*args)
+
+    def _checked(self, arrays: Mapping[str, object]) -> dict[str, object]:
+        missing = sorted(set(self.inputs) - set(arrays))
+        if missing:
+            raise ExpressionError(f"missing input tensor(s): {', '.join(missing)}")
+        for name, shape in self.inputs.items():
+            if np.shape(arrays[name]) != tuple(shape):
+                raise ExpressionError(f"input {name} has shape {np.shape(arrays[name])}, the kernel expects {tuple(shape)}")
+        return {name: arrays[name] for name in self.inputs}
+
+    def listing(self) -> str:
+        """The scheduled TIR of the kernel (lowered again: the cache keeps only machine code)."""
+        return _module(self.scope, self.dtype, self.schedule, self.target).script()
+
+    def __repr__(self) -> str:
+        return f"TvmKernel({self.scope}, dtype={self.dtype}, schedule={self.schedule})"
+
+
+_ALIGNMENT = 64
+
+
+def _is_aligned(array: np.ndarray) -> bool:
+    return array.flags.c_contiguous and array.ctypes.data % _ALIGNMENT == 0
+
+
+def aligned_empty(shape, dtype) -> np.ndarray:
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % _ALIGNMENT
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def aligned_copy(value, dtype) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype == dtype and _is_aligned(array):
+        return array
+    copy = aligned_empty(array.shape, dtype)
+    copy[...] = array
+    return copy
+
+
+def cache_path(scope: Scope, *, dtype: str = "float32", schedule: Schedule | None = None, target="llvm") -> Path:
+    """The cache file of a kernel: named by a sha256 of everything its machine code depends on
+    (the scope, its tensor shapes, dtype, schedule, target, TVM and this module's source)."""
+    dtype, schedule, target = _normalised(dtype, schedule, target)
+    shapes = sorted(tensor_shapes(scope).items())
+    text = "\n".join(map(str, (scope, shapes, dtype, schedule, target, tvm.__version__, _SOURCE_HASH)))
+    return cache_dir() / f"{hashlib.sha256(text.encode()).hexdigest()}.so"
+
+
+def _normalised(dtype, schedule: Schedule | None, target) -> tuple[str, Schedule, tvm.target.Target]:
+    return np.dtype(dtype).name, schedule or DEFAULT_SCHEDULE, host_target(target)
+
+
+def compile_scope(scope: Scope, *, dtype: str = "float32", schedule: Schedule | None = None, target="llvm") -> TvmKernel:
+    """Compile ``scope`` into a kernel for ``target`` (``"llvm"``: this CPU), or load it from the
+    on-disk cache; raises CodegenError when TVM refuses it."""
+    path = cache_path(scope, dtype=dtype, schedule=schedule, target=target)
+    dtype, schedule, target = _normalised(dtype, schedule, target)
+    if path.exists():
+        try:
+            return TvmKernel(scope, dtype, schedule, target, tvm.runtime.load_module(str(path)), path, True)
+        except RuntimeError:
+            pass  # a corrupt file: compile again and replace it
+    executable = _compile(scope, dtype, schedule, target)
+    module = executable.mod
+    if _export(executable, path):
+        module = tvm.runtime.load_module(str(path))
+    return TvmKernel(scope, dtype, schedule, target, module, path if path.exists() else None, False)
+
+
+def _export(executable, path: Path) -> bool:
+    """Write the shared library atomically (temp file, then rename); False if it cannot be."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+        os.close(fd)
+        try:
+            executable.export_library(tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return True
+    except (OSError, RuntimeError) as err:
+        warnings.warn(f"kernel cache: cannot write {path}: {err}", RuntimeWarning, stacklevel=3)
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# Candidate schedules for a tuner
+
+
+def candidate_schedules(scope: Scope, limit: int = 8) -> list[Schedule]:
+    """A handful of schedules worth measuring for ``scope``, the default first, the likeliest
+    alternatives next."""
+    base = DEFAULT_SCHEDULE
+    variants = [base]
+    if scope.summation:
+        variants += [replace(base, reduction_vector=flag) for flag in (False, True)]
+        variants += [replace(base, tile=1), replace(base, tile=8), replace(base, unroll=4)]
+    small = math.prod(scope.shape) <= 4096  # a parallel launch may cost more than it saves
+    variants += [replace(base, parallel=0 if small else 1), replace(base, vector=4), replace(base, pad=False)]
+    return list(dict.fromkeys(variants))[:limit]

@@ -1,0 +1,169 @@
+"""Whole programs and models (OLLIE Algorithm 1, section 5.1): derive each subprogram, stitch.
+
+A front-end (``load_onnx``, ``from_torch``) gives a ``Program``: one definition per operator,
+non-linear activations their own definitions, so each definition is a subprogram. Each one is
+derived with the cpu backend (compiled, verified, measured) with the model's constants named as
+weights, so layout eOperators on weights run once at build time (5.4). Subprograms that are equal
+up to tensor names (a repeated ResNet block) are derived once: they are renamed to positional
+names ``ARG0, ARG1, ...`` and fingerprinted. Ctrl-C or the time budget stops the search; the
+subprograms not reached yet run as their identity kernel, so a result is always written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+
+from .errors import ExpressionError
+from .fingerprint import fingerprint
+from .instantiate import Candidate, Kernel, instantiate
+from .ir import Program, Scope, rename_tensors, tensor_shapes
+
+
+@dataclass
+class Subprogram:
+    """One definition of the program and the compiled program that computes it."""
+
+    name: str
+    expr: Scope
+    program: object  # codegen.program.CompiledProgram over positional names
+    arguments: dict[str, str]  # positional name -> the program's tensor name
+    state: str  # "derived", "reused" (an equal subprogram was derived), "identity" (not searched)
+    original_s: float  # the definition as one TVM kernel, measured
+    optimized_s: float
+    search_s: float
+    explain: str = ""
+    kernels_before: int = 1  # the definition instantiated as written
+
+    @property
+    def kernels_after(self) -> int:
+        return len(self.program.kernels)
+
+    def run(self, values: Mapping[str, np.ndarray]) -> np.ndarray:
+        return self.program(**{arg: values[name] for arg, name in self.arguments.items() if arg not in self.program.constants})
+
+
+@dataclass
+class OptimizedProgram:
+    """A program whose definitions run as derived, compiled programs; callable on its inputs."""
+
+    inputs: dict[str, tuple[int, ...]]
+    outputs: tuple[str, ...]
+    subprograms: list[Subprogram]
+
+    def __call__(self, **inputs) -> np.ndarray | tuple:
+        missing = sorted(set(self.inputs) - set(inputs))
+        if missing:
+            raise ExpressionError(f"missing input tensor(s): {', '.join(missing)}")
+        values = dict(inputs)
+        for sub in self.subprograms:
+            values[sub.name] = sub.run(values)
+        outs = tuple(values[name] for name in self.outputs)
+        return outs[0] if len(outs) == 1 else outs
+
+    def save(self, directory: str | Path) -> Path:
+        """Programs, their libraries and bound weights, and ``model.json``; written to a temporary
+        folder first and renamed, so an interrupted save leaves no half-written ``directory``."""
+        directory = Path(directory)
+        partial = directory.with_name(directory.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        entries = []
+        for index, sub in enumerate(self.subprograms):
+            sub.program.save(partial / f"sub{index}")
+            entries.append({"name": sub.name, "expr": str(sub.expr), "shapes": tensor_shapes(sub.expr), "program": f"sub{index}",
+                            "arguments": sub.arguments, "state": sub.state, "original_s": sub.original_s,
+                            "optimized_s": sub.optimized_s, "search_s": sub.search_s, "explain": sub.explain,
+                            "kernels_before": sub.kernels_before})
+        meta = {"inputs": self.inputs, "outputs": self.outputs, "subprograms": entries}
+        (partial / "model.json").write_text(json.dumps(meta, indent=1))
+        shutil.rmtree(directory, ignore_errors=True)
+        partial.rename(directory)
+        return directory
+
+
+def load_optimized(directory: str | Path) -> OptimizedProgram:
+    """An optimized program saved by ``OptimizedProgram.save``: runs without searching."""
+    from codegen.program import load
+
+    from .parser import parse
+
+    directory = Path(directory)
+    try:
+        meta = json.loads((directory / "model.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ExpressionError(f"{directory}: not an optimized model ({err})") from None
+    subprograms = []
+    for e in meta["subprograms"]:
+        program = load(directory / e["program"])
+        expr = parse(e["expr"], {n: tuple(s) for n, s in e["shapes"].items()})
+        subprograms.append(Subprogram(e["name"], expr, program, e["arguments"], e["state"], e["original_s"], e["optimized_s"],
+                                      e["search_s"], e["explain"], e["kernels_before"]))
+    inputs = {n: tuple(s) for n, s in meta["inputs"].items()}
+    return OptimizedProgram(inputs, tuple(meta["outputs"]), subprograms)
+
+
+def optimize_program(
+    program: Program,
+    weights: Mapping[str, np.ndarray],
+    *,
+    max_depth: int = 3,
+    time_limit: float | None = None,
+    on_subprogram: Callable[[Subprogram, int, int], None] | None = None,
+) -> OptimizedProgram:
+    """Derive every definition of ``program`` (``weights``: the constant inputs, bound into the
+    compiled programs), deduplicated, and stitch them. ``time_limit`` bounds the whole search;
+    ``on_subprogram(sub, k, n)`` reports progress."""
+    from codegen.measure import MeasurementDB
+    from codegen.program import CompiledProgram, compile_candidate
+
+    from .derive import derive
+
+    if not isinstance(program, Program):
+        raise ExpressionError(f"optimize_program() takes a Program, got {type(program).__name__}")
+    db = MeasurementDB()
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
+    derived: dict[tuple, object] = {}
+    subprograms: list[Subprogram] = []
+    interrupted = False
+    for index, (name, expr) in enumerate(program.definitions):
+        arguments = {f"ARG{k}": tensor for k, tensor in enumerate(tensor_shapes(expr))}
+        positional = rename_tensors(expr, {t: a for a, t in arguments.items()})
+        constant = tuple(a for a, t in arguments.items() if t in weights)
+        key = (fingerprint(positional), positional.shape, tuple(tensor_shapes(positional).items()), constant)
+        bound = {a: weights[t] for a, t in arguments.items() if t in weights}
+        start = time.perf_counter()
+        if key in derived:  # searched once already: same kernels, this subprogram's weights
+            first, original_s, explain = derived[key]
+            shared = CompiledProgram(first.steps, first.inputs, first.dtype, first.source).bind(bound)
+            sub = Subprogram(name, expr, shared, arguments, "reused", original_s, shared.cost, 0.0, explain)
+        else:
+            remaining = None if deadline is None else deadline - time.perf_counter()
+            if interrupted or (remaining is not None and remaining <= 0):
+                identity = compile_candidate(Candidate([Kernel("eop", "out", positional)]), tensor_shapes(positional), db=db)
+                identity.measure(db)
+                sub = Subprogram(name, expr, identity.bind(bound), arguments, "identity", identity.cost, identity.cost, 0.0, "not searched")
+            else:
+                try:
+                    derivation = derive(positional, max_depth, time_limit=remaining, weights=constant, db=db)
+                except KeyboardInterrupt:  # the rest runs as identity kernels; this one unsearched
+                    interrupted = True
+                    derivation = derive(positional, 0, weights=constant, db=db)
+                best = derivation.best
+                identity = next(p for p in derivation.candidates if p.source is None and [k.kind for k in p.kernels] == ["eop"])
+                explain = derivation.explain(best)
+                derived[key] = (best, identity.cost, explain)
+                own = CompiledProgram(best.steps, best.inputs, best.dtype, best.source).bind(bound)
+                sub = Subprogram(name, expr, own, arguments, "derived", identity.cost, best.cost, time.perf_counter() - start, explain)
+        sub.kernels_before = len(instantiate(expr).kernels)
+        subprograms.append(sub)
+        if on_subprogram:
+            on_subprogram(sub, index, len(program.definitions))
+    inputs = {n: s for n, s in program.inputs.items() if n not in weights}
+    return OptimizedProgram(inputs, program.outputs, subprograms)

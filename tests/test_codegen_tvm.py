@@ -1,0 +1,254 @@
+"""TVM eOperators (codegen/tvm_kernel.py): compiled kernels compute what ``evaluate`` computes.
+
+Each compile takes a tenth of a second or so, hence the small example counts. Every test runs
+against a cache directory of its own (REWRITER_CACHE), so nothing is loaded from a user's cache.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from strategies import ALL_FUNCTIONS, expressions_with_inputs, random_inputs
+
+from codegen import CodegenError, Schedule, TvmKernel, candidate_schedules, compile_scope
+from codegen.tvm_kernel import _lowered, _scheduled, cache_path, host_target
+from rewriter import conv2d, conv_transpose2d, evaluate, g2bmm, matmul, parse
+from rewriter.cases import CASES
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("REWRITER_CACHE", str(tmp_path_factory.mktemp("kernels")))
+        yield
+
+
+def compiled(expr, inputs, dtype="float64", schedule=None) -> np.ndarray:
+    return compile_scope(expr, dtype=dtype, schedule=schedule)(**inputs)
+
+
+def assert_matches(expr, inputs, dtype="float64", schedule=None):
+    expected = evaluate(expr, inputs)
+    actual = compiled(expr, inputs, dtype, schedule)
+    assert actual.shape == expected.shape and actual.dtype == np.dtype(dtype)
+    if dtype == "float64":
+        np.testing.assert_allclose(actual, expected, rtol=1e-9, atol=1e-9, err_msg=str(expr))
+    else:  # float32 sums: compare relative to the output's scale
+        scale = max(1.0, float(np.abs(expected).max()))
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5 * scale, err_msg=str(expr))
+
+
+# --------------------------------------------------------------------------------------------
+# (a) generated expressions
+
+
+@settings(max_examples=25, deadline=None)
+@given(expressions_with_inputs(functions=ALL_FUNCTIONS, nesting_probability=0.3, max_size=9, max_dim=10))
+def test_generated_expressions_match_evaluate(expr_inputs):
+    assert_matches(*expr_inputs)
+
+
+@settings(max_examples=10, deadline=None)
+@given(expressions_with_inputs(div_probability=0.7, max_size=9, max_dim=10, max_summation=3))
+def test_generated_division_heavy_expressions_match_evaluate(expr_inputs):
+    assert_matches(*expr_inputs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(expressions_with_inputs(functions=ALL_FUNCTIONS, nesting_probability=0.4, max_size=12, max_summation=3))
+def test_schedules_apply_without_falling_back(expr_inputs):
+    # a refused schedule falls back to plain loops silently (sound, slow): keep that rare
+    expr, _ = expr_inputs
+    for schedule in (Schedule(), Schedule(reduction_vector=True)):
+        _scheduled(_lowered(expr, "float64", schedule.pad), schedule, host_target())
+
+
+# --------------------------------------------------------------------------------------------
+# (b) the public operators at small sizes
+
+
+SMALL_OPERATORS = {
+    "conv3x3_nhwc": conv2d((1, 5, 6, 8), (3, 3, 16, 8), padding=1, layout="NHWC"),
+    "conv5x5_nchw": conv2d((2, 3, 9, 9), (1, 3, 5, 5), padding=2),
+    "conv_stride_dilation": conv2d((1, 4, 11, 11), (6, 4, 3, 3), stride=2, padding=2, dilation=2),
+    "convtranspose": conv_transpose2d((2, 2, 2, 8), (4, 4, 6, 8), stride=2, padding=1, layout="NHWC"),
+    "g2bmm_dilated": g2bmm((2, 20, 16), (2, 20, 16), width=3, dilation=2),
+    "matmul": matmul((7, 12), (12, 33)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_OPERATORS))
+def test_public_operators_at_small_sizes(name):
+    expr = SMALL_OPERATORS[name]
+    assert_matches(expr, random_inputs(expr, 1), dtype="float32")
+
+
+def test_matmul_chain_case_at_full_size():
+    expr = CASES["matmul_chain"].expression()
+    assert_matches(expr, random_inputs(expr, 2), dtype="float32")
+
+
+def test_default_schedule_vectorises_and_parallelises():
+    listing = compile_scope(SMALL_OPERATORS["conv3x3_nhwc"]).listing()
+    assert "T.parallel" in listing and "T.vectorized" in listing
+
+
+# --------------------------------------------------------------------------------------------
+# (c) padding, floor division, max reduction, nested scopes
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_reads_outside_a_tensor_are_zero(pad):
+    expr = parse("L i:-2..6 ; A[i] + 10 * A[2*i-3]", {"A": (4,)})
+    out = compiled(expr, {"A": np.array([1.0, 2.0, 3.0, 4.0])}, schedule=Schedule(pad=pad))
+    # i = -2..5: A[i] is 0 for i < 0 and i > 3; A[2i-3] is inside only at i = 2, 3
+    np.testing.assert_array_equal(out, [0, 0, 1, 2, 3 + 20, 4 + 40, 0, 0])
+
+
+def test_a_read_entirely_outside_is_zero():
+    expr = parse("L i:3 ; A[i] + A[i+7]", {"A": (4,)})
+    np.testing.assert_array_equal(compiled(expr, {"A": np.array([1.0, 2.0, 3.0, 4.0])}), [1, 2, 3])
+
+
+def test_far_reads_use_wide_indices():
+    expr = parse("L i:3000 ; A[1000000*i] + A[(1000000*i+3)/1000000]", {"A": (5,)})
+    out = compiled(expr, {"A": np.arange(1.0, 6.0)})
+    np.testing.assert_array_equal(out[:6], [2, 2, 3, 4, 5, 0])
+    assert not out[6:].any()
+
+
+# TVM 0.27 simplifies floordiv/floormod of negative coefficients wrongly in buffer indices and
+# vectorised ramps; these indices broke it before the lowering worked around it.
+FLOOR_INDICES = ["A[(-i-3)/2 + 5]", "A[(7-i)%4]", "A[(i-j)/3] * A[(7-j)%4]", "A[(2*j-i+1)%3 + (i+j)/4]"]
+
+
+@pytest.mark.parametrize("body", FLOOR_INDICES)
+def test_floor_division_and_modulo_of_negative_numerators(body):
+    expr = parse(f"L i:8 ; S j:8 ; {body}" if "j" in body else f"L i:8 ; {body}", {"A": (8,)})
+    inputs = {"A": np.arange(1.0, 9.0)}
+    for schedule in [Schedule(), Schedule(vector=1), Schedule(pad=False), Schedule(reduction_vector=True)]:
+        np.testing.assert_array_equal(compiled(expr, inputs, schedule=schedule), evaluate(expr, inputs), err_msg=str(schedule))
+
+
+def test_max_reduction_sees_padding_zeros():
+    expr = parse("L i:5 ; M k:3 ; A[i+k-1]", {"A": (5,)})
+    out = compiled(expr, {"A": np.array([-5.0, -4.0, -3.0, -2.0, -1.0])})
+    np.testing.assert_array_equal(out, [0, -3, -2, -1, 0])  # the ends see a padding 0
+
+
+def test_max_reduction_over_a_product():
+    expr = parse("L i:6, j:16 ; M k:16 ; A[i, k] * B[k, j]", {"A": (6, 16), "B": (16, 16)})
+    assert_matches(expr, random_inputs(expr, 3))
+
+
+def test_nested_scope_with_offset_box_and_outside_reads():
+    expr = parse(
+        "L c:6, r:5 ; S k0:7 ; { L c2:1..6, k2:-1..5 ; S k1:4 ; A[c2, k1] * B[k1, k2] }[c, k0-1] * C[k0, r]",
+        {"A": (6, 4), "B": (4, 6), "C": (7, 5)},
+    )
+    assert_matches(expr, random_inputs(expr, 4))
+
+
+def test_reindexing_scope_is_inlined_with_its_box():
+    expr = parse("L i:9, j:4 ; { L a:2..7, b:4 ; A[b, a-2] }[j+3, i-1] + 1", {"A": (4, 5)})
+    kernel = compile_scope(expr, dtype="float64")
+    assert 'T.sblock("s' not in kernel.listing()  # no stage for the re-indexing scope
+    inputs = random_inputs(expr, 5)
+    np.testing.assert_allclose(kernel(**inputs), evaluate(expr, inputs), rtol=1e-12)
+
+
+def test_equal_nested_scopes_share_a_stage():
+    inner = "{ L x:4 ; S y:3 ; A[x+y] }"
+    expr = parse(f"L i:4 ; {inner}[i] * {inner}[3-i]", {"A": (6,)})
+    kernel = compile_scope(expr, dtype="float64")
+    assert set(re.findall(r'T\.sblock\("(s\d+)', kernel.listing())) == {"s0"}
+    inputs = random_inputs(expr, 6)
+    np.testing.assert_allclose(kernel(**inputs), evaluate(expr, inputs), rtol=1e-12)
+
+
+def test_scalar_output_and_functions():
+    expr = parse("L ; S i:5 ; sigmoid(A[i]) + exp(A[i]) / 2 - tanh(max(A[i], 0.5)) + sqrt(relu(A[i]))", {"A": (5,)})
+    assert expr.shape == ()
+    assert_matches(expr, random_inputs(expr, 7))
+
+
+# --------------------------------------------------------------------------------------------
+# (d) the on-disk cache
+
+
+def test_second_compile_loads_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path))
+    expr = SMALL_OPERATORS["conv3x3_nhwc"]
+    inputs = random_inputs(expr, 8)
+    first = compile_scope(expr)
+    assert not first.from_cache and first.path.parent == tmp_path and first.path.suffix == ".so"
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("a cached kernel was compiled again")
+
+    monkeypatch.setattr(tvm, "compile", no_compiling)
+    second = compile_scope(expr)
+    assert second.from_cache and second.path == first.path
+    np.testing.assert_array_equal(second(**inputs), first(**inputs))
+    assert [p.name for p in tmp_path.iterdir()] == [first.path.name]  # no temporary files left
+    with pytest.raises(AssertionError):
+        compile_scope(expr, dtype="float64")  # another key: compiles
+
+
+def test_a_corrupt_cache_entry_is_compiled_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path))
+    expr = SMALL_OPERATORS["matmul"]
+    path = cache_path(expr, dtype="float64")
+    path.write_bytes(b"not a shared library")
+    kernel = compile_scope(expr, dtype="float64")
+    assert not kernel.from_cache and kernel.path == path and path.stat().st_size > 1000
+    inputs = random_inputs(expr, 9)
+    np.testing.assert_allclose(kernel(**inputs), inputs["A"] @ inputs["B"], rtol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# (e) candidate schedules
+
+
+@pytest.mark.parametrize("name", ["conv3x3_nhwc", "g2bmm_dilated", "convtranspose"])
+def test_every_candidate_schedule_gives_the_same_result(name):
+    expr = SMALL_OPERATORS[name]
+    inputs = random_inputs(expr, 10)
+    schedules = candidate_schedules(expr, limit=8)
+    assert len(schedules) > 3 and schedules[0] == Schedule() and len(set(schedules)) == len(schedules)
+    for schedule in schedules:
+        assert_matches(expr, inputs, schedule=schedule)
+
+
+# --------------------------------------------------------------------------------------------
+# The kernel object
+
+
+def test_run_writes_into_prepared_buffers_and_refuses_misaligned_ones():
+    expr = SMALL_OPERATORS["matmul"]
+    kernel = compile_scope(expr)
+    assert isinstance(kernel, TvmKernel)
+    assert kernel.inputs == {"A": (7, 12), "B": (12, 33)} and kernel.shape == (7, 33)
+    inputs = random_inputs(expr, 11)
+    args, out = kernel.prepare(**inputs)
+    kernel.run(args, out)
+    np.testing.assert_allclose(out.numpy(), inputs["A"] @ inputs["B"], rtol=1e-5, atol=1e-5)
+    raw = np.zeros(7 * 33 + 1, dtype=np.float32)
+    misaligned = raw[1:] if raw.ctypes.data % 64 == 0 else raw[:-1]
+    if misaligned.ctypes.data % 64:
+        with pytest.raises(ValueError, match="aligned"):
+            kernel.run(args, misaligned.reshape(7, 33))
+
+
+def test_compile_errors_name_the_scope(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no")
+
+    monkeypatch.setattr(tvm, "compile", refuse)
+    expr = parse("L i:3 ; A[i] * 2", {"A": (3,)})
+    with pytest.raises(CodegenError, match=r"L i:3 ; A\[i\] \* 2"):
+        compile_scope(expr, dtype="float64")
