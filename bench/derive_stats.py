@@ -6,7 +6,7 @@ For each case: states explored, why the search stopped, seconds (search, then th
 with guided steps, instantiation and verification), candidates, and the distinct kernel
 structures among them, with OLLIE's published search time and states (../shared/DESIGN.md) where
 it gives them. ``csrnet`` (a dilated Conv3x3, not a public case) is built here with the builder.
-Writes bench/results/derive_stats.json. Costs are the analytic stand-in until codegen measures.
+Updates the cases' rows in bench/results/derive_stats.json. Costs are the analytic stand-in until codegen measures.
 """
 
 from __future__ import annotations
@@ -82,7 +82,10 @@ def main() -> None:
             flush=True,
         )
     out = ROOT / "bench" / "results" / "derive_stats.json"
-    out.write_text(json.dumps(rows, indent=1))
+    earlier = json.loads(out.read_text()) if out.exists() else []
+    merged = {row["case"]: row for row in earlier if "stop" in row}  # rows of this script's format
+    merged.update({row["case"]: row for row in rows})
+    out.write_text(json.dumps(list(merged.values()), indent=1))
     print(f"wrote {out.relative_to(ROOT)}")
 
 

@@ -9,9 +9,17 @@ the same computation in PyTorch's own layouts (written here by hand: this is the
 engine); and TVM compiling the original expression as one kernel (the identity candidate). All
 four are checked against ``evaluate`` and timed in one process, interleaved round by round, in
 float32. Writes bench/results/vs_torch.json and prints medians and ratios.
+
+Three thread pools share the cores here (PyTorch's OpenMP, numpy's OpenBLAS, TVM's): each one
+spinning after its call steals the next library's cores, which doubled PyTorch's conv3x3 time
+in a first run. So every pool is told to sleep when idle (set below, before they load), and
+each round calls every function twice, timing the second call.
 """
 
-from __future__ import annotations
+import os
+
+for _name, _value in (("OMP_WAIT_POLICY", "PASSIVE"), ("OPENBLAS_THREAD_TIMEOUT", "4"), ("TVM_THREAD_POOL_SPIN_COUNT", "0")):
+    os.environ.setdefault(_name, _value)
 
 import argparse
 import json
@@ -67,6 +75,7 @@ def interleaved(functions: dict, rounds: int) -> dict:
     samples = {name: [] for name in functions}
     for _ in range(rounds):
         for name, fn in functions.items():
+            fn()  # the first call after another library's pays for its threads waking up
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)

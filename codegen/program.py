@@ -7,7 +7,8 @@ a ``CompiledProgram``:
   (the strides the iterator mapping table found; no copies);
 * every other kernel (convolutions, band matmuls, eOperators) is its scope compiled by TVM
   (``codegen.tvm_kernel``); a convolution or band matmul also has numpy's einsum path (the
-  reference's contraction) in the race, and the faster by measurement is kept;
+  reference's contraction) in the race, and the faster by measurement is kept; ``tune`` adds
+  a few TVM schedules per kernel to the race;
 * kernels that read only weights run once, when ``bind`` is given their values (OLLIE 5.4).
 
 ``measure(db)`` times each distinct kernel once on this device (``codegen.measure``), and the
@@ -32,7 +33,7 @@ from rewriter.parser import parse
 from rewriter.reference import evaluate
 
 from .measure import MeasurementDB, signature, time_callable
-from .tvm_kernel import CodegenError, Schedule, TvmKernel, aligned_copy, aligned_empty, compile_scope, host_target
+from .tvm_kernel import CodegenError, Schedule, TvmKernel, aligned_copy, aligned_empty, candidate_schedules, compile_scope, host_target
 
 LIBRARY = ("matmul", "batch_matmul")
 DUAL = ("conv2d", "g2bmm", "gbmm")  # kernels with a TVM and a numpy implementation to race
@@ -169,7 +170,8 @@ def load(directory: str | Path) -> CompiledProgram:
         kind, match = match_operator(expr)
         kernel = Kernel(entry["kind"], entry["output"], expr, match if kind == entry["kind"] else None, entry["weight_only"])
         library = directory / entry["library"] if "library" in entry else None
-        step = _step(kernel, entry["impl"], dtype, library=library, schedule=entry.get("schedule"))
+        schedule = Schedule(**entry["schedule"]) if "schedule" in entry else None
+        step = _step(kernel, entry["impl"], dtype, library=library, schedule=schedule)
         step.seconds = entry.get("seconds")
         steps.append(step)
     constants = {name: np.load(directory / f"{name}.npy") for name in meta["constants"]}
@@ -187,20 +189,22 @@ def _aligned(value, dtype: str) -> np.ndarray:
 # Kernels to steps
 
 
-def _step(kernel: Kernel, impl: str, dtype: str, library: Path | None = None, schedule: dict | None = None) -> Step:
+def _step(kernel: Kernel, impl: str, dtype: str, library: Path | None = None, schedule: Schedule | None = None) -> Step:
     if impl == "blas":
         return Step(kernel, impl, _blas_call(kernel.match))
     if impl == "numpy":
         return Step(kernel, impl, _numpy_call(kernel, dtype))
-    compiled = _load_library(kernel, library, dtype, schedule) if library else compile_scope(kernel.expr, dtype=dtype)
+    if library is not None:
+        compiled = _load_library(kernel, library, dtype, schedule or Schedule())
+    else:
+        compiled = compile_scope(kernel.expr, dtype=dtype, schedule=schedule)
     return Step(kernel, impl, _tvm_call(compiled), compiled)
 
 
-def _load_library(kernel: Kernel, library: Path, dtype: str, schedule: dict | None) -> TvmKernel:
+def _load_library(kernel: Kernel, library: Path, dtype: str, schedule: Schedule) -> TvmKernel:
     import tvm
 
-    params = Schedule(**schedule) if schedule else Schedule()
-    return TvmKernel(kernel.expr, dtype, params, host_target(), tvm.runtime.load_module(str(library)), library, True)
+    return TvmKernel(kernel.expr, dtype, schedule, host_target(), tvm.runtime.load_module(str(library)), library, True)
 
 
 def _blas_call(match: GemmMatch):
@@ -236,18 +240,24 @@ def _tvm_call(compiled: TvmKernel):
 
 
 def compile_candidate(candidate: Candidate, inputs: Mapping[str, tuple[int, ...]], dtype: str = "float32",
-                      db: MeasurementDB | None = None) -> CompiledProgram:
-    """``candidate`` compiled; where a kernel has two implementations, the faster measured one."""
+                      db: MeasurementDB | None = None, tune: int = 0) -> CompiledProgram:
+    """``candidate`` compiled; where a kernel has several implementations, the fastest measured.
+
+    Convolutions and band matmuls race TVM against numpy's contraction; with ``tune`` > 0 every
+    TVM kernel also races up to ``tune`` schedules (``candidate_schedules``: tile, vector width,
+    parallel loops, unrolling), each measured once per device in ``db``.
+    """
     steps = []
     for kernel in candidate.kernels:
         if kernel.kind in LIBRARY:
             steps.append(_step(kernel, "blas", dtype))
             continue
         options = []
-        try:
-            options.append(_step(kernel, "tvm", dtype))
-        except CodegenError:
-            pass  # TVM refused it: numpy's path alone
+        for schedule in candidate_schedules(kernel.expr, tune) if tune > 0 else [None]:
+            try:
+                options.append(_step(kernel, "tvm", dtype, schedule=schedule))
+            except CodegenError:
+                pass  # TVM refused this one: the others (or numpy's path) remain
         if kernel.kind in DUAL or not options:
             options.append(_step(kernel, "numpy", dtype))
         if len(options) > 1 and not kernel.weight_only:

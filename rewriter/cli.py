@@ -95,7 +95,7 @@ def cmd_derive(args, console: Console) -> int:
     shapes = dict(_parse_shape(s) for s in args.shape)
     expr = parse(args.expression, shapes) if args.expression not in CASES else CASES[args.expression].expression()
     start = time.perf_counter()
-    derivation = derive(expr, max_depth=args.max_depth, time_limit=args.time_limit, backend=args.backend)
+    derivation = derive(expr, max_depth=args.max_depth, time_limit=args.time_limit, backend=args.backend, tune=args.tune)
     elapsed = time.perf_counter() - start
     console.print(f"{len(derivation.candidates)} verified candidates in {elapsed:.1f} s")
     measured = args.backend == "cpu"
@@ -142,7 +142,7 @@ def cmd_optimize(args, console: Console) -> int:
                       f"{sub.kernels_before}/{sub.kernels_after}", f"{sub.search_s:.1f}")
 
     optimized = optimize_program(model.program, model.weights, max_depth=args.max_depth, time_limit=args.time_limit,
-                                 on_subprogram=report)
+                                 tune=args.tune, on_subprogram=report)
     rng = np.random.default_rng(args.seed)
     feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in model.inputs.items()}
     want = model.run(feeds)
@@ -241,12 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     dv.add_argument("--backend", choices=("cpu", "reference"), default="cpu",
                     help="cpu: compile and measure (default); reference: numpy, analytic ranking")
     dv.add_argument("--out", metavar="DIR", help="save the best compiled program here (cpu backend)")
+    dv.add_argument("--tune", type=int, default=0, metavar="N", help="race up to N TVM schedules per kernel")
     op = sub.add_parser("optimize", help="optimize a model (an ONNX file or a zoo name) subprogram by subprogram")
     op.add_argument("model")
     op.add_argument("--small", action="store_true", help="the reduced zoo model (quick runs)")
     op.add_argument("--max-depth", type=int, default=3)
     op.add_argument("--time-limit", type=float, default=None, metavar="SECONDS")
     op.add_argument("--out", metavar="DIR")
+    op.add_argument("--tune", type=int, default=0, metavar="N", help="race up to N TVM schedules per kernel")
     op.add_argument("--seed", type=int, default=0)
     ex = sub.add_parser("explain", help="the rule path of every subprogram of an optimized model")
     ex.add_argument("directory")

@@ -60,6 +60,7 @@ def derive(
     backend: str = "cpu",
     dtype: str = "float32",
     db=None,
+    tune: int = 0,
 ) -> Derivation:
     """Candidate programs for ``expr``, best first, each verified against the reference.
 
@@ -70,7 +71,8 @@ def derive(
     ``backend="cpu"`` (the default) compiles the verified candidates (BLAS for matched Matmuls,
     TVM for the rest, ``codegen.program``), checks each compiled program against the reference
     again, measures it (``db``: a ``codegen.measure.MeasurementDB``, default in the user cache)
-    and orders them by measured time: ``best`` is the fastest. ``backend="reference"`` keeps the
+    and orders them by measured time: ``best`` is the fastest. ``tune`` (off by default) races up
+    to that many TVM schedules per generated kernel. ``backend="reference"`` keeps the
     reference-executed candidates ordered by the analytic stand-in (``Kernel.cost``).
     """
     if not isinstance(expr, Scope):
@@ -115,13 +117,13 @@ def derive(
             rejected.append(Derivation(expr, [candidate], exploration.stats).explain(candidate))
     verified.sort(key=lambda c: c.cost)
     if backend == "cpu":
-        verified = _compiled(expr, verified, inputs, expected, rejected, dtype, db)
+        verified = _compiled(expr, verified, inputs, expected, rejected, dtype, db, tune)
     elif backend != "reference":
         raise ExpressionError(f"derive(): unknown backend {backend!r} (use 'cpu' or 'reference')")
     return Derivation(expr, verified, exploration.stats, rejected)
 
 
-def _compiled(expr: Scope, candidates: list[Candidate], inputs: dict, expected: np.ndarray, rejected: list, dtype: str, db):
+def _compiled(expr: Scope, candidates: list[Candidate], inputs: dict, expected: np.ndarray, rejected: list, dtype: str, db, tune: int):
     """Each candidate compiled for this CPU, run and checked against the reference again (in
     ``dtype``), and measured; the result is ordered by measured time. A compiled program that
     disagrees is dropped and its rule path logged in ``rejected``."""
@@ -134,7 +136,7 @@ def _compiled(expr: Scope, candidates: list[Candidate], inputs: dict, expected: 
     scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
     compiled = []
     for candidate in candidates:
-        program = compile_candidate(candidate, shapes, dtype, db)
+        program = compile_candidate(candidate, shapes, dtype, db, tune)
         got = program(**inputs)
         if got.shape == expected.shape and np.allclose(got, expected, rtol=tolerance, atol=tolerance * scale):
             program.measure(db)
@@ -158,11 +160,16 @@ def _diverse(ranked: list[Candidate]) -> list[Candidate]:
 
 
 def _structure(kernel: Kernel) -> tuple:
-    """A kernel's kind and, for an operator, its iteration box: a dilated and a plain
-    convolution are different structures, two orders of the same eOperator are not."""
-    if kernel.kind == "eop":
-        return ("eop",)
-    return kernel.kind, tuple(sorted(it.size for it in kernel.expr.iterators))
+    """A kernel's kind and its operator's parameters (a convolution's kernel extent and
+    dilation, a band matmul's dilation): a dilated and a plain convolution are different
+    structures, two layouts of the same eOperator are not."""
+    match = kernel.match
+    if kernel.kind == "conv2d":
+        sizes = {it.name: it.size for it in kernel.expr.iterators}
+        return kernel.kind, tuple((sizes[r], dilation) for _, r, _, dilation in match.spatial)
+    if kernel.kind in ("g2bmm", "gbmm"):
+        return kernel.kind, match.dilation
+    return (kernel.kind,)
 
 
 def _key(candidate: Candidate) -> tuple:

@@ -115,10 +115,12 @@ def optimize_program(
     *,
     max_depth: int = 3,
     time_limit: float | None = None,
+    tune: int = 0,
     on_subprogram: Callable[[Subprogram, int, int], None] | None = None,
 ) -> OptimizedProgram:
     """Derive every definition of ``program`` (``weights``: the constant inputs, bound into the
     compiled programs), deduplicated, and stitch them. ``time_limit`` bounds the whole search;
+    ``tune`` races that many TVM schedules per generated kernel;
     ``on_subprogram(sub, k, n)`` reports progress."""
     from codegen.measure import MeasurementDB
     from codegen.program import CompiledProgram, compile_candidate
@@ -151,12 +153,13 @@ def optimize_program(
                 sub = Subprogram(name, expr, identity.bind(bound), arguments, "identity", identity.cost, identity.cost, 0.0, "not searched")
             else:
                 try:
-                    derivation = derive(positional, max_depth, time_limit=remaining, weights=constant, db=db)
+                    derivation = derive(positional, max_depth, time_limit=remaining, weights=constant, db=db, tune=tune)
                 except KeyboardInterrupt:  # the rest runs as identity kernels; this one unsearched
                     interrupted = True
                     derivation = derive(positional, 0, weights=constant, db=db)
                 best = derivation.best
-                identity = next(p for p in derivation.candidates if p.source is None and [k.kind for k in p.kernels] == ["eop"])
+                as_written = (p for p in derivation.candidates if p.source is None and [k.kind for k in p.kernels] == ["eop"])
+                identity = next(as_written, best)  # (dropped only if its compiled form disagreed)
                 explain = derivation.explain(best)
                 derived[key] = (best, identity.cost, explain)
                 own = CompiledProgram(best.steps, best.inputs, best.dtype, best.source).bind(bound)

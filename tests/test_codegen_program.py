@@ -105,3 +105,15 @@ def _env():
 
     root = str(Path(__file__).resolve().parent.parent)
     return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def test_tuning_races_schedules_and_keeps_a_correct_one():
+    from codegen import candidate_schedules
+
+    expr = CASES["conv3x3"].expression()
+    eop = postprocess(instantiate(expr))  # conv2d: TVM schedules and numpy's contraction race
+    inputs = random_inputs(expr, 8)
+    program = compile_candidate(eop, {n: v.shape for n, v in inputs.items()}, tune=3)
+    step = program.steps[0]
+    assert step.impl == "numpy" or step.compiled.schedule in candidate_schedules(expr, 3)
+    _close(program(**inputs), evaluate(expr, inputs))
