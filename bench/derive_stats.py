@@ -6,7 +6,8 @@ For each case: states explored, why the search stopped, seconds (search, then th
 with guided steps, instantiation and verification), candidates, and the distinct kernel
 structures among them, with OLLIE's published search time and states (../shared/DESIGN.md) where
 it gives them. ``csrnet`` (a dilated Conv3x3, not a public case) is built here with the builder.
-Updates the cases' rows in bench/results/derive_stats.json. Costs are the analytic stand-in until codegen measures.
+Updates the cases' rows in bench/results/derive_stats.json. The reference backend: search,
+instantiation and verification only (bench/vs_torch.py compiles and measures).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _structure(candidate) -> str:
 def run(name: str, depth: int, time_limit: float) -> dict:
     expr = EXTRA[name]() if name in EXTRA else CASES[name].expression()
     start = time.perf_counter()
-    derivation = derive(expr, max_depth=depth, time_limit=time_limit)
+    derivation = derive(expr, max_depth=depth, time_limit=time_limit, backend="reference")
     seconds = time.perf_counter() - start
     structures = sorted({_structure(c) for c in derivation.candidates})
     ollie = OLLIE.get(name, (None, None))

@@ -142,7 +142,7 @@ def cmd_optimize(args, console: Console) -> int:
                       f"{sub.kernels_before}/{sub.kernels_after}", f"{sub.search_s:.1f}")
 
     optimized = optimize_program(model.program, model.weights, max_depth=args.max_depth, time_limit=args.time_limit,
-                                 tune=args.tune, on_subprogram=report)
+                                 subprogram_time_limit=args.subprogram_time_limit, tune=args.tune, on_subprogram=report)
     rng = np.random.default_rng(args.seed)
     feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in model.inputs.items()}
     want = model.run(feeds)
@@ -246,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     op.add_argument("model")
     op.add_argument("--small", action="store_true", help="the reduced zoo model (quick runs)")
     op.add_argument("--max-depth", type=int, default=3)
-    op.add_argument("--time-limit", type=float, default=None, metavar="SECONDS")
+    op.add_argument("--time-limit", type=float, default=None, metavar="SECONDS", help="for the whole model")
+    op.add_argument("--subprogram-time-limit", type=float, default=60.0, metavar="SECONDS", help="for each subprogram")
     op.add_argument("--out", metavar="DIR")
     op.add_argument("--tune", type=int, default=0, metavar="N", help="race up to N TVM schedules per kernel")
     op.add_argument("--seed", type=int, default=0)

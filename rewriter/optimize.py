@@ -115,11 +115,13 @@ def optimize_program(
     *,
     max_depth: int = 3,
     time_limit: float | None = None,
+    subprogram_time_limit: float | None = 60.0,
     tune: int = 0,
     on_subprogram: Callable[[Subprogram, int, int], None] | None = None,
 ) -> OptimizedProgram:
     """Derive every definition of ``program`` (``weights``: the constant inputs, bound into the
-    compiled programs), deduplicated, and stitch them. ``time_limit`` bounds the whole search;
+    compiled programs), deduplicated, and stitch them. ``time_limit`` bounds the whole search,
+    ``subprogram_time_limit`` each subprogram's;
     ``tune`` races that many TVM schedules per generated kernel;
     ``on_subprogram(sub, k, n)`` reports progress."""
     from codegen.measure import MeasurementDB
@@ -147,13 +149,14 @@ def optimize_program(
             sub = Subprogram(name, expr, shared, arguments, "reused", original_s, shared.cost, 0.0, explain)
         else:
             remaining = None if deadline is None else deadline - time.perf_counter()
+            budget = min((t for t in (remaining, subprogram_time_limit) if t is not None), default=None)
             if interrupted or (remaining is not None and remaining <= 0):
                 identity = compile_candidate(Candidate([Kernel("eop", "out", positional)]), tensor_shapes(positional), db=db)
                 identity.measure(db)
                 sub = Subprogram(name, expr, identity.bind(bound), arguments, "identity", identity.cost, identity.cost, 0.0, "not searched")
             else:
                 try:
-                    derivation = derive(positional, max_depth, time_limit=remaining, weights=constant, db=db, tune=tune)
+                    derivation = derive(positional, max_depth, time_limit=budget, weights=constant, db=db, tune=tune)
                 except KeyboardInterrupt:  # the rest runs as identity kernels; this one unsearched
                     interrupted = True
                     derivation = derive(positional, 0, weights=constant, db=db)
