@@ -1,16 +1,18 @@
-"""``derive(expr)``: hybrid derivation (OLLIE Algorithm 2) to verified candidate programs.
+"""``derive(expr)``: hybrid derivation (OLLIE Algorithm 2) to verified, compiled programs.
 
 Explorative rounds (``explore``) reach states up to ``max_depth``; every state is instantiated
-(``instantiate``: matched operators where the iterator mapping tables match, eOperators
-elsewhere) into a candidate program. The identity candidate, the whole expression as one
-eOperator, is always in the race. Candidates are ranked by ``Candidate.cost`` (the analytic
-stand-in until measured costs land), and each one returned has been run on random inputs and
-compared with ``evaluate(expr)``; a mismatch is dropped and counted, never returned.
+(``instantiate``: matched operators where the iterator mapping tables match, with layout
+eOperators where a split dimension makes one match, eOperators elsewhere) into a candidate
+program. The identity candidate, the whole expression as one eOperator, is always in the race.
+Each kept candidate is run on random inputs and compared with ``evaluate(expr)``; a mismatch is
+dropped and logged in ``rejected``, never returned. With the cpu backend the survivors are
+compiled (``codegen.program``), checked again and ranked by measured time; with the reference
+backend by the analytic stand-in ``Candidate.cost``.
 
-Guided derivation (section 5.2), one step deep so far: every guided rule is applied to every scope
-of every state that no operator matches yet (iterator merging, operator layout, layout
-transformation), and the results are instantiated too. Post-processing (5.4) then drops identity
-eOperators, fuses an eOperator into its only (eOperator) reader, and marks weight-only kernels.
+Guided derivation (section 5.2): the guided rules (operator layout, iterator merging) are applied
+to every scope that has an operator's shape but matches no table yet, up to ``guided_depth``
+steps, free of ``max_depth``. Post-processing (5.4) drops identity eOperators, fuses an
+eOperator into its only (eOperator) reader, and marks weight-only kernels.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def derive(
     """
     if not isinstance(expr, Scope):
         raise ExpressionError(f"derive() takes a Scope, got {type(expr).__name__}")
+    if backend not in ("cpu", "reference"):
+        raise ExpressionError(f"derive(): unknown backend {backend!r} (use 'cpu' or 'reference')")
     started = time.perf_counter()
     # half the time budget explores; guided steps and instantiation stop at the deadline
     exploration = explore(expr, max_depth, time_limit=time_limit and time_limit / 2, max_states=max_states)
@@ -118,8 +122,6 @@ def derive(
     verified.sort(key=lambda c: c.cost)
     if backend == "cpu":
         verified = _compiled(expr, verified, inputs, expected, rejected, dtype, db, tune)
-    elif backend != "reference":
-        raise ExpressionError(f"derive(): unknown backend {backend!r} (use 'cpu' or 'reference')")
     return Derivation(expr, verified, exploration.stats, rejected)
 
 

@@ -3,9 +3,11 @@
 ``match_gemm(scope)`` fills the scope's iterators into the groups of the Matmul / BatchMatmul
 iterator mapping tables (``rules/operators.py``) by which tensors they index, and checks that each
 group reads its operands as one strided dimension, so a BLAS call can read them in place (OLLIE
-Expression (2): no copies). ``instantiate(expr)`` turns every scope of an expression, innermost
-first, into a kernel: a matched operator where one matches, else an eOperator (the scope itself,
-for codegen to compile). The result is a ``Candidate``: kernels in execution order, callable on
+Expression (2): no copies); ``match_conv`` and ``match_band`` do the same for Conv2d and the band
+matmuls. ``instantiate(expr)`` turns every scope of an expression, innermost first, into a kernel:
+a matched operator where one matches; failing that, the operator matched on operands re-laid out
+by layout eOperators that split a dimension read as ``d*e1 + e2`` (Equations (3)-(4)); else an
+eOperator (the scope itself, for codegen to compile). The result is a ``Candidate``: kernels in execution order, callable on
 inputs. Its ``cost`` is an analytic stand-in (flops and bytes) that measured times will replace.
 """
 
