@@ -109,13 +109,13 @@ def derive(
     rng = np.random.default_rng(seed)
     inputs = {name: rng.uniform(-1, 1, shape) for name, shape in tensor_shapes(expr).items()}
     expected = evaluate(expr, inputs)
-    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+    scale = _scale(expected)
     verified, rejected = [], []
     for candidate in ranked:
         if len(verified) >= keep and candidate is not identity:
             continue
         got = candidate(**inputs)
-        if got.shape == expected.shape and np.allclose(got, expected, rtol=rtol, atol=rtol * scale):
+        if got.shape == expected.shape and np.allclose(got, expected, rtol=rtol, atol=rtol * scale, equal_nan=True):
             verified.append(candidate)
         else:
             rejected.append(Derivation(expr, [candidate], exploration.stats).explain(candidate))
@@ -135,18 +135,26 @@ def _compiled(expr: Scope, candidates: list[Candidate], inputs: dict, expected: 
     db = db if db is not None else MeasurementDB()
     shapes = {name: value.shape for name, value in inputs.items()}
     tolerance = 1e-6 if np.dtype(dtype) == np.float64 else 1e-3
-    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+    scale = _scale(expected)
     compiled = []
     for candidate in candidates:
         program = compile_candidate(candidate, shapes, dtype, db, tune)
         got = program(**inputs)
-        if got.shape == expected.shape and np.allclose(got, expected, rtol=tolerance, atol=tolerance * scale):
+        if got.shape == expected.shape and np.allclose(got, expected, rtol=tolerance, atol=tolerance * scale, equal_nan=True):
             program.measure(db)
             compiled.append(program)
         else:
             rejected.append("compiled program disagrees with the reference:\n" + Derivation(expr, [candidate], None).explain(candidate))
+    if not compiled:  # the identity compiles to one TVM kernel: this is a code generation bug
+        raise RuntimeError(f"no compiled program for {expr} agrees with the reference:\n" + "\n".join(rejected))
     compiled.sort(key=lambda p: p.cost)
     return compiled
+
+
+def _scale(expected: np.ndarray) -> float:
+    """The tolerance scale: the largest magnitude (NaN results, e.g. sqrt of a negative random
+    input, must agree position by position, not poison the scale)."""
+    return max(1.0, float(np.nanmax(np.abs(expected), initial=0.0)))
 
 
 def _diverse(ranked: list[Candidate]) -> list[Candidate]:
@@ -238,7 +246,7 @@ def derive_program(program: Program, max_depth: int = 2, *, time_limit: float | 
             kernels.extend(_renamed(best.kernels, name))
         candidate = ProgramCandidate(kernels, variant.outputs)
         got = _as_tuple(candidate(**inputs))
-        if all(np.allclose(g, e, rtol=1e-6, atol=1e-6 * max(1.0, float(np.abs(e).max(initial=0)))) for g, e in zip(got, expected)):
+        if all(np.allclose(g, e, rtol=1e-6, atol=1e-6 * _scale(e), equal_nan=True) for g, e in zip(got, expected)):
             verified.append(candidate)
         else:
             rejected.append(str(variant))

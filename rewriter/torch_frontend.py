@@ -67,7 +67,6 @@ from .onnx_frontend import (
     _slice,
     _transpose,
 )
-from .reference import evaluate
 
 __all__ = ["TorchImportError", "from_torch", "rewriter_backend", "register", "SUPPORTED_OPS"]
 
@@ -690,9 +689,10 @@ def _compiled(model: Model, exported) -> Callable:
     results = exported.graph.output_node().args[0]
     dtypes = [fx.meta["val"].dtype for fx in results]
     out_spec = exported.call_spec.out_spec
+    optimized = _optimized(model)
 
     def run(*args):
-        outputs = _run_program(model, [_numpy(a) for a in args])
+        outputs = _run_program(optimized, model, [_numpy(a) for a in args])
         device = args[0].device if args else "cpu"
         tensors = [torch.from_numpy(np.ascontiguousarray(o)).to(device=device, dtype=d) for o, d in zip(outputs, dtypes)]
         return torch.utils._pytree.tree_unflatten(tensors, out_spec)
@@ -700,11 +700,23 @@ def _compiled(model: Model, exported) -> Callable:
     return run
 
 
-def _run_program(model: Model, inputs: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
-    """Run the program on the user inputs in call order: the one seam where compiled programs
-    will replace the reference semantics."""
-    values = evaluate(model.program, model.feeds(dict(zip(model.inputs, inputs))))
-    return values if isinstance(values, tuple) else (values,)
+# How hard the torch.compile backend searches each subprogram of a graph.
+BACKEND_MAX_DEPTH = 2
+BACKEND_SUBPROGRAM_SECONDS = 10.0
+
+
+def _optimized(model: Model):
+    """The graph's program derived, compiled and verified subprogram by subprogram."""
+    from .optimize import optimize_program
+
+    return optimize_program(model.program, model.weights, max_depth=BACKEND_MAX_DEPTH, subprogram_time_limit=BACKEND_SUBPROGRAM_SECONDS)
+
+
+def _run_program(optimized, model: Model, inputs: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """Run the optimized program on the user inputs in call order."""
+    values = model.feeds(dict(zip(model.inputs, inputs)))
+    outputs = optimized(**{name: value for name, value in values.items() if name in optimized.inputs})
+    return outputs if isinstance(outputs, tuple) else (outputs,)
 
 
 def register() -> None:

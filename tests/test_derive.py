@@ -197,3 +197,11 @@ def test_dilated_conv_becomes_a_plain_conv_plus_eoperators():
     assert plain and derivation.rejected == []
     inputs = random_inputs(expr, 7)
     np.testing.assert_allclose(plain[0](**inputs), evaluate(expr, inputs), rtol=1e-9, atol=1e-9)
+
+
+def test_nan_results_of_random_inputs_agree_position_by_position():
+    """sqrt of a negative random input is NaN in the reference and in every candidate alike."""
+    expr = parse("L i:6 ; sqrt(A[i] + 0.1) * B[i]", {"A": (6,), "B": (6,)})
+    for backend in ("reference", "cpu"):
+        derivation = derive(expr, max_depth=1, backend=backend)
+        assert derivation.candidates and derivation.rejected == []

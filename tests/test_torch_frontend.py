@@ -209,7 +209,7 @@ def compiled_runs(monkeypatch):
     """Count the backend's program runs: a test that passes through the fallback would not."""
     runs = []
     original = torch_frontend._run_program
-    monkeypatch.setattr(torch_frontend, "_run_program", lambda model, inputs: runs.append(model) or original(model, inputs))
+    monkeypatch.setattr(torch_frontend, "_run_program", lambda program, model, inputs: runs.append(model) or original(program, model, inputs))
     return runs
 
 
