@@ -222,3 +222,16 @@ def test_splitting_then_merging_gives_the_expression_back():
     for split in RULES["expression splitting"].apply(e):
         assert_sound(RULES["expression splitting"], e)
         assert e in RULES["expression merging"].apply(split)
+
+
+def test_summation_iterator_splitting_grows_the_box_only_over_padding():
+    """Conv5x5's offsets split as 3*ro + ri (and 2*ro + ri): the sixth offset reads K out of bounds."""
+    shapes = {"A": (1, 2, 8, 8), "K": (3, 2, 5, 5)}
+    conv5 = parse("L n:1, f:3, h:8, w:8 ; S c:2, r:5, s:5 ; A[n, c, h+r-2, w+s-2] * K[f, c, r, s]", shapes)
+    rule_ = RULES["summation iterator splitting"]
+    assert assert_sound(rule_, conv5) == 2
+    sizes = [sorted(it.size for it in result.summation) for result in rule_.apply(conv5)]
+    assert [2, 2, 2, 3, 3] in sizes  # ro:2, ri:3, so:2, si:3 beside c:2
+    # where the extra point is not padding (exp(0) = 1), or for a max, nothing is proposed
+    assert not list(rule_.apply(parse("L h:8 ; S r:5 ; exp(A[0, 0, h+r-2, 0])", shapes)))
+    assert not list(rule_.apply(parse("L h:8 ; M r:5 ; A[0, 0, h+r-2, 0] * K[0, 0, r, 0]", shapes)))
