@@ -109,13 +109,12 @@ def derive(
     rng = np.random.default_rng(seed)
     inputs = {name: rng.uniform(-1, 1, shape) for name, shape in tensor_shapes(expr).items()}
     expected = evaluate(expr, inputs)
-    scale = _scale(expected)
     verified, rejected = [], []
     for candidate in ranked:
         if len(verified) >= keep and candidate is not identity:
             continue
         got = candidate(**inputs)
-        if got.shape == expected.shape and np.allclose(got, expected, rtol=rtol, atol=rtol * scale, equal_nan=True):
+        if _agrees(got, expected, rtol):
             verified.append(candidate)
         else:
             rejected.append(Derivation(expr, [candidate], exploration.stats).explain(candidate))
@@ -135,12 +134,11 @@ def _compiled(expr: Scope, candidates: list[Candidate], inputs: dict, expected: 
     db = db if db is not None else MeasurementDB()
     shapes = {name: value.shape for name, value in inputs.items()}
     tolerance = 1e-6 if np.dtype(dtype) == np.float64 else 1e-3
-    scale = _scale(expected)
     compiled = []
     for candidate in candidates:
         program = compile_candidate(candidate, shapes, dtype, db, tune)
         got = program(**inputs)
-        if got.shape == expected.shape and np.allclose(got, expected, rtol=tolerance, atol=tolerance * scale, equal_nan=True):
+        if _agrees(got, expected, tolerance):
             program.measure(db)
             compiled.append(program)
         else:
@@ -152,9 +150,19 @@ def _compiled(expr: Scope, candidates: list[Candidate], inputs: dict, expected: 
 
 
 def _scale(expected: np.ndarray) -> float:
-    """The tolerance scale: the largest magnitude (NaN results, e.g. sqrt of a negative random
-    input, must agree position by position, not poison the scale)."""
+    """The tolerance scale: the largest magnitude, NaN ignored."""
     return max(1.0, float(np.nanmax(np.abs(expected), initial=0.0)))
+
+
+def _agrees(got: np.ndarray, expected: np.ndarray, tolerance: float) -> bool:
+    """Equal within ``tolerance`` (relative to the scale) wherever the reference is defined: a
+    NaN there (sqrt of a negative random input) is outside the expression's domain, where
+    compiled code may legitimately differ (TVM's relu(NaN) is 0)."""
+    if got.shape != expected.shape:
+        return False
+    defined = ~np.isnan(expected)
+    scale = _scale(expected)
+    return bool(np.allclose(got[defined], expected[defined], rtol=tolerance, atol=tolerance * scale))
 
 
 def _diverse(ranked: list[Candidate]) -> list[Candidate]:
@@ -246,7 +254,7 @@ def derive_program(program: Program, max_depth: int = 2, *, time_limit: float | 
             kernels.extend(_renamed(best.kernels, name))
         candidate = ProgramCandidate(kernels, variant.outputs)
         got = _as_tuple(candidate(**inputs))
-        if all(np.allclose(g, e, rtol=1e-6, atol=1e-6 * _scale(e), equal_nan=True) for g, e in zip(got, expected)):
+        if all(_agrees(g, e, 1e-6) for g, e in zip(got, expected)):
             verified.append(candidate)
         else:
             rejected.append(str(variant))

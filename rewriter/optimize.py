@@ -23,7 +23,7 @@ import numpy as np
 from .errors import ExpressionError
 from .fingerprint import fingerprint
 from .instantiate import Candidate, Kernel, instantiate
-from .ir import Program, Scope, rename_tensors, tensor_shapes
+from .ir import Program, Scope, nested_scopes, rename_tensors, tensor_shapes
 
 
 @dataclass
@@ -109,6 +109,35 @@ def load_optimized(directory: str | Path) -> OptimizedProgram:
     return OptimizedProgram(inputs, tuple(meta["outputs"]), subprograms)
 
 
+def fuse_elementwise(program: Program) -> Program:
+    """Fold producers into element-wise readers with the inter-expression rules (OLLIE 4.1,
+    5.4: an activation joins the operator before it, so its work fuses into that operator's
+    eOperator). A variant is taken when it has one definition fewer and the definition that
+    changed computed no sum of its own: fusing into a reader that sums would repeat the
+    producer's work per term, and would grow one subprogram to the whole model."""
+    from .dsl import registered
+
+    changed = True
+    while changed:
+        changed = False
+        before = dict(program.definitions)
+        summing = {name for name, expr in before.items() if _sums(expr)}
+        for rule_ in registered("inter"):
+            for variant in rule_.apply(program):
+                after = dict(variant.definitions)
+                edited = [n for n, e in after.items() if before.get(n) != e]
+                if len(after) == len(before) - 1 and len(edited) == 1 and edited[0] in before and edited[0] not in summing:
+                    program, changed = variant, True
+                    break
+            if changed:
+                break
+    return program
+
+
+def _sums(expr: Scope) -> bool:
+    return any(scope.summation for scope in (expr, *nested_scopes(expr)))
+
+
 def optimize_program(
     program: Program,
     weights: Mapping[str, np.ndarray],
@@ -119,7 +148,8 @@ def optimize_program(
     tune: int = 0,
     on_subprogram: Callable[[Subprogram, int, int], None] | None = None,
 ) -> OptimizedProgram:
-    """Derive every definition of ``program`` (``weights``: the constant inputs, bound into the
+    """Fuse element-wise definitions into their producers (``fuse_elementwise``), then derive
+    every definition of ``program`` (``weights``: the constant inputs, bound into the
     compiled programs), deduplicated, and stitch them. ``time_limit`` bounds the whole search,
     ``subprogram_time_limit`` each subprogram's;
     ``tune`` races that many TVM schedules per generated kernel;
@@ -136,6 +166,7 @@ def optimize_program(
     derived: dict[tuple, object] = {}
     subprograms: list[Subprogram] = []
     interrupted = False
+    program = fuse_elementwise(program)
     for index, (name, expr) in enumerate(program.definitions):
         arguments = {f"ARG{k}": tensor for k, tensor in enumerate(tensor_shapes(expr))}
         positional = rename_tensors(expr, {t: a for a, t in arguments.items()})
