@@ -1,0 +1,180 @@
+"""Whole zoo models: the optimized program against PyTorch eager and torch.compile, end to end.
+
+    python3 bench/zoo_vs_torch.py [--models srcnn,infogan,...] [--small] [--max-depth 2]
+                                  [--subprogram-time-limit 20] [--rounds 10]
+
+Each model is built by ``rewriter.zoo`` as ONNX, imported with ``load_onnx`` and optimized with
+``optimize_program`` (the same path as ``rewriter optimize``). The PyTorch baseline runs the same
+ONNX graph node by node with torch operators (``TorchGraph`` below: a small executor for the ops
+the zoo uses, written for this benchmark; torch.compile traces it into one graph). Both are
+checked against ``Model.run`` (the reference semantics) and timed in one process, interleaved,
+with the idle settings of bench/vs_torch.py. Writes bench/results/zoo_vs_torch.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from vs_torch import interleaved  # noqa: E402  (sets the thread pools' idle policy first)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from onnx import numpy_helper  # noqa: E402
+
+from rewriter import zoo  # noqa: E402
+from rewriter.onnx_frontend import load_onnx  # noqa: E402
+from rewriter.optimize import optimize_program  # noqa: E402
+
+
+def _attrs(node) -> dict:
+    import onnx
+
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _conv(x, w, b=None, **a):
+    pads = a.get("pads", [0, 0, 0, 0])
+    x = F.pad(x, (pads[1], pads[3], pads[0], pads[2]))
+    return F.conv2d(x, w, b, stride=a.get("strides", 1), dilation=a.get("dilations", 1), groups=a.get("group", 1))
+
+
+def _conv_transpose(x, w, b=None, **a):
+    pads = a.get("pads", [0, 0, 0, 0])
+    out = F.conv_transpose2d(x, w, b, stride=a.get("strides", 1), output_padding=a.get("output_padding", 0))
+    return out[:, :, pads[0] : out.shape[2] - pads[2], pads[1] : out.shape[3] - pads[3]]
+
+
+def _gemm(a_, b_, c=None, **a):
+    a_ = a_.T if a.get("transA") else a_
+    b_ = b_.T if a.get("transB") else b_
+    out = a.get("alpha", 1.0) * a_ @ b_
+    return out + a.get("beta", 1.0) * c if c is not None else out
+
+
+def _slice(x, starts, ends, axes=None, steps=None, **a):
+    index = [slice(None)] * x.dim()
+    axes = axes.tolist() if axes is not None else list(range(len(starts)))
+    steps = steps.tolist() if steps is not None else [1] * len(axes)
+    for axis, s, e, st in zip(axes, starts.tolist(), ends.tolist(), steps):
+        index[axis] = slice(s, e, st)
+    return x[tuple(index)]
+
+
+def _pad(x, pads, value=None, **a):
+    pads = pads.tolist()
+    half = len(pads) // 2
+    torch_pads = [p for axis in reversed(range(half)) for p in (pads[axis], pads[axis + half])]
+    return F.pad(x, torch_pads, value=float(value) if value is not None else 0.0)
+
+
+def _maxpool(x, **a):
+    pads = a.get("pads", [0, 0, 0, 0])
+    x = F.pad(x, (pads[1], pads[3], pads[0], pads[2]), value=float("-inf"))
+    return F.max_pool2d(x, a["kernel_shape"], a.get("strides", 1))
+
+
+OPS = {
+    "Conv": _conv,
+    "ConvTranspose": _conv_transpose,
+    "Gemm": _gemm,
+    "MatMul": torch.matmul,
+    "Add": torch.add,
+    "Mul": torch.mul,
+    "Relu": lambda x, **a: F.relu(x),
+    "Tanh": lambda x, **a: torch.tanh(x),
+    "BatchNormalization": lambda x, s, b, m, v, **a: F.batch_norm(x, m, v, s, b, eps=a.get("epsilon", 1e-5)),
+    "Reshape": lambda x, shape, **a: x.reshape([int(d) for d in shape.tolist()]),
+    "Flatten": lambda x, **a: x.flatten(a.get("axis", 1)),
+    "Transpose": lambda x, **a: x.permute(a["perm"]),
+    "GlobalAveragePool": lambda x, **a: x.mean(dim=(2, 3), keepdim=True),
+    "MaxPool": _maxpool,
+    "Softmax": lambda x, **a: torch.softmax(x, dim=a.get("axis", -1)),
+    "Concat": lambda *xs, **a: torch.cat(xs, dim=a["axis"]),
+    "Slice": _slice,
+    "Pad": _pad,
+}
+
+
+class TorchGraph:
+    """The ONNX graph run node by node with torch operators (the baseline, not the engine)."""
+
+    def __init__(self, model):
+        self.nodes = [(n.op_type, list(n.input), list(n.output), _attrs(n)) for n in model.graph.node]
+        self.constants = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in model.graph.initializer}
+        self.inputs = [i.name for i in model.graph.input if i.name not in self.constants]
+        self.outputs = [o.name for o in model.graph.output]
+
+    def __call__(self, *args):
+        values = dict(self.constants)
+        values.update(zip(self.inputs, args))
+        for op, inputs, outputs, attrs in self.nodes:
+            values[outputs[0]] = OPS[op](*(values[n] if n else None for n in inputs), **attrs)
+        return values[self.outputs[0]]
+
+
+def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, rounds: int) -> dict:
+    onnx_model = zoo.build(name, small=small)
+    model = load_onnx(onnx_model)
+    start = time.perf_counter()
+    optimized = optimize_program(model.program, model.weights, max_depth=max_depth, subprogram_time_limit=subprogram_time_limit)
+    optimize_s = time.perf_counter() - start
+    (input_name, shape), = model.inputs.items()
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    want = model.run({input_name: x})[model.outputs[0]]
+    graph = TorchGraph(onnx_model)
+    tx = torch.from_numpy(x)
+    compiled = torch.compile(graph)
+    functions = {
+        "optimized": lambda: optimized(**{model.names[input_name]: x}),
+        "torch_eager": lambda: graph(tx),
+        "torch_compile": lambda: compiled(tx),
+    }
+    scale = max(1.0, float(np.abs(want).max()))
+    with torch.no_grad():
+        for label, fn in functions.items():
+            got = np.asarray(fn())
+            error = float(np.abs(got - want).max()) / scale
+            assert error < 1e-3, f"{name}: {label} disagrees with the reference ({error:.2e})"
+        medians = interleaved(functions, rounds)
+    return {
+        "model": name,
+        "small": small,
+        "subprograms": len(optimized.subprograms),
+        "optimize_s": round(optimize_s, 1),
+        **{f"{k}_ms": round(v * 1e3, 3) for k, v in medians.items()},
+        "vs_torch_eager": round(medians["torch_eager"] / medians["optimized"], 2),
+        "vs_torch_compile": round(medians["torch_compile"] / medians["optimized"], 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default=",".join(zoo.NAMES))
+    parser.add_argument("--small", action="store_true")
+    parser.add_argument("--max-depth", type=int, default=2)
+    parser.add_argument("--subprogram-time-limit", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args()
+    print(f"{'model':<12}{'subprograms':>12}{'optimize s':>11}{'ours ms':>10}{'eager ms':>10}{'compile ms':>11}{'x eager':>9}{'x compile':>10}")
+    rows = []
+    for name in args.models.split(","):
+        row = run(name, args.small, args.max_depth, args.subprogram_time_limit, args.rounds)
+        rows.append(row)
+        print(f"{name:<12}{row['subprograms']:>12}{row['optimize_s']:>11}{row['optimized_ms']:>10}{row['torch_eager_ms']:>10}"
+              f"{row['torch_compile_ms']:>11}{row['vs_torch_eager']:>9}{row['vs_torch_compile']:>10}", flush=True)
+    out = ROOT / "bench" / "results" / ("zoo_vs_torch_small.json" if args.small else "zoo_vs_torch.json")
+    out.write_text(json.dumps(rows, indent=1))
+    print(f"wrote {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
