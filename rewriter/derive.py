@@ -87,7 +87,7 @@ def derive(
     deadline = None if time_limit is None else started + time_limit
     identity = Candidate([Kernel("eop", "out", expr)])
     as_given = postprocess(instantiate(expr), weights)  # the input's own scopes, instantiated
-    found = {_key(identity): identity, _key(as_given): as_given}
+    found = {_key(as_given): as_given, _key(identity): identity}  # equal keys: the identity stays
     guided = registered("guided")
     memo: dict = {}  # eager rule results per scope, shared by every guided step
     eager = registered("eager")
@@ -99,8 +99,8 @@ def derive(
                 break
             for derived in [state, *_guided(state, guided, eager, memo, seen, guided_depth)]:
                 candidate = postprocess(instantiate(derived.expr), weights)
-                if [k.kind for k in candidate.kernels] == ["eop"]:
-                    continue  # one eOperator for everything is the identity re-indexed: codegen's business
+                if [k.kind for k in candidate.kernels] == ["eop"] and candidate.cost >= identity.cost:
+                    continue  # the identity re-indexed, no less work: codegen's business
                 candidate.source = derived
                 found.setdefault(_key(candidate), candidate)
     except KeyboardInterrupt:  # Ctrl-C: what was found so far is still verified and returned

@@ -1,8 +1,8 @@
 """Boundary relaxing and tightening (OLLIE section 4.2, Table 1)."""
 
-from rewriter.dsl import rule
-from rewriter.indexing import index_bounds, padding_support
-from rewriter.ir import Iterator, Scope, nested_reads, replace_subterm
+from rewriter.dsl import affine_index, fresh_name, rule
+from rewriter.indexing import affine_coefficients, index_bounds, padding_support, vanishes_outside
+from rewriter.ir import Iterator, Scope, Tensor, Var, accesses, nested_reads, replace_subterm, substitute
 
 
 def _with_box(scope: Scope, box: dict) -> Scope:
@@ -56,3 +56,65 @@ def relax_boundary(scope: Scope):
         support = padding_support(relaxed)
         if all(box[n][0] <= lo and hi <= box[n][1] for n, (lo, hi) in support.items()):
             yield _rebuild(scope, access, relaxed)
+
+
+@rule("summation boundary tightening", section="4.2")
+def tighten_summation(scope: Scope):
+    """Sum only over the offsets that can be non-zero at each point (OLLIE 4.2, boundary
+    tightening, with ranges that depend on the traversal iterators):
+
+        L h ; S x:X ; f(x) * K[e(h) - k*x]   =>   L h ; S x':ceil(R/k) ; f(e(h)/k - x') * K[e(h)%k + k*x']
+
+    where K's dimension has size R. A transposed convolution written naively sums over every
+    input position x although only about R/k of them meet the kernel at each h. islpy checks
+    both directions: the body is 0 wherever x' leaves [0, ceil(R/k)), and wherever the new x
+    leaves x's old range. Sums only. One result per tightenable iterator, and one for all.
+    """
+    if scope.reduce != "sum":
+        return
+    plans = [plan for it in scope.summation if (plan := _offset_plan(scope, it)) is not None]
+    for chosen in [[plan] for plan in plans] + ([plans] if len(plans) > 1 else []):
+        tightened = _tightened(scope, chosen)
+        if tightened is not None:
+            yield tightened
+
+
+def _offset_plan(scope: Scope, it: Iterator):
+    """(x, x', x as an index of x' and the traversal, x' as an index of the old iterators, size)."""
+    traversal = {t.name for t in scope.traversal}
+    taken = {i.name for i in scope.iterators}
+    for access in accesses(scope.body):
+        if not isinstance(access.source, Tensor):
+            continue
+        for ix, size in zip(access.indices, access.source.shape):
+            form = affine_coefficients(ix)
+            if form is None or form[0].get(it.name, 0) == 0:
+                continue
+            coefficients, constant = form
+            c, rest = coefficients[it.name], {v: k for v, k in coefficients.items() if v != it.name}
+            if not rest or not set(rest) <= traversal:
+                continue
+            k = abs(c)
+            extent = -(-size // k)
+            if extent >= it.size:
+                continue
+            # c < 0: x lies in [ceil((rest-R+1)/k), floor(rest/k)]; c > 0: in [.., floor((R-1-rest)/k)]
+            top = affine_index(rest, constant) if c < 0 else affine_index({v: -w for v, w in rest.items()}, size - 1 - constant)
+            inner = fresh_name(f"{it.name}o", taken)
+            x_of_new = top // k - Var(inner)
+            new_of_old = top // k - it.var
+            return it, Iterator(inner, 0, extent), x_of_new, new_of_old
+    return None
+
+
+def _tightened(scope: Scope, plans) -> Scope | None:
+    mapping = {it.name: x_of_new for it, _, x_of_new, _ in plans}
+    summation = tuple(next((new for it2, new, _, _ in plans if it2 is it), it) for it in scope.summation)
+    body = substitute(scope.body, mapping)
+    new_box = scope.traversal + summation
+    old_box = scope.iterators
+    if all(vanishes_outside(scope.body, old_box, new_of_old, 0, new.size) for _, new, _, new_of_old in plans) and all(
+        vanishes_outside(body, new_box, x_of_new, it.lo, it.hi) for it, _, x_of_new, _ in plans
+    ):
+        return Scope(scope.traversal, summation, body, scope.reduce)
+    return None

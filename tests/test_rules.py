@@ -235,3 +235,14 @@ def test_summation_iterator_splitting_grows_the_box_only_over_padding():
     # where the extra point is not padding (exp(0) = 1), or for a max, nothing is proposed
     assert not list(rule_.apply(parse("L h:8 ; S r:5 ; exp(A[0, 0, h+r-2, 0])", shapes)))
     assert not list(rule_.apply(parse("L h:8 ; M r:5 ; A[0, 0, h+r-2, 0] * K[0, 0, r, 0]", shapes)))
+
+
+def test_summation_boundary_tightening_sums_a_transposed_convolution_over_its_taps_only():
+    """Naively a stride-2 ConvTranspose sums over all 8 input rows per output row; 3 can meet the kernel."""
+    from rewriter import conv_transpose2d
+
+    expr = conv_transpose2d((2, 4, 8, 8), (4, 3, 5, 5), stride=2, padding=2, output_padding=1)
+    rule_ = RULES["summation boundary tightening"]
+    assert assert_sound(rule_, expr) == 3  # x alone, y alone, both
+    both = list(rule_.apply(expr))[-1]
+    assert sorted(it.size for it in both.summation) == [3, 3, 4]
