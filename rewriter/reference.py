@@ -21,7 +21,7 @@ from typing import Mapping
 import numpy as np
 
 from .errors import ExpressionError
-from .indexing import affine_coefficients
+from .indexing import affine_coefficients, index_bounds
 from .ir import (
     Access,
     Binary,
@@ -262,6 +262,21 @@ def _deps(body: Scalar, sizes: dict[str, int]) -> frozenset[str]:
     return frozenset(n for a in accesses(body) for ix in a.indices for n in index_vars(ix) if n in sizes)
 
 
+def _viewable(access: Access, box: dict) -> bool:
+    """Whether ``_strided_view`` will read ``access`` without building it: affine indices whose
+    reads stay near the source (a read far outside is gathered over the whole space)."""
+    if not all(affine_coefficients(ix) for ix in access.indices):
+        return False
+    source = access.source
+    lows = [0] * len(source.shape) if isinstance(source, Tensor) else [it.lo for it in source.traversal]
+    padded, size = 1, 1
+    for ix, dim, low in zip(access.indices, source.shape, lows):
+        lo, hi = index_bounds(ix, box)
+        padded *= dim + max(0, low - lo) + max(0, hi - (low + dim - 1))
+        size *= dim
+    return padded <= 4 * size + (1 << 20)
+
+
 def _footprint(scope: Scope, sizes: dict[str, int]) -> int:
     """Elements of the largest array evaluating the scope over ``sizes`` builds (an estimate)."""
     summed = {it.name for it in scope.summation}
@@ -269,8 +284,10 @@ def _footprint(scope: Scope, sizes: dict[str, int]) -> int:
     def size(names) -> int:
         return math.prod(sizes[n] for n in names)
 
+    box = {it.name: (it.lo, it.hi) for it in scope.iterators}
+
     def term(body: Scalar) -> int:
-        if isinstance(body, Access) and all(affine_coefficients(ix) for ix in body.indices):
+        if isinstance(body, Access) and _viewable(body, box):
             return 0  # read through a strided view, not built
         own = size(_deps(body, sizes))
         return max([own] + [term(child) for child in children(body)])
