@@ -27,7 +27,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from rewriter.errors import ExpressionError
-from rewriter.instantiate import Candidate, GemmMatch, Kernel, match_operator
+from rewriter.instantiate import Candidate, GemmMatch, Kernel, match_operator, run_gemm
 from rewriter.ir import tensor_shapes
 from rewriter.parser import parse
 from rewriter.reference import evaluate
@@ -208,19 +208,8 @@ def _load_library(kernel: Kernel, library: Path, dtype: str, schedule: Schedule)
 
 
 def _blas_call(match: GemmMatch):
-    """C[b, m, n] = A[b, m, :] @ B[b, :, n] on strided views; the result lands through C's strides."""
-
-    def view(values, operand):
-        flat = values[operand.tensor].reshape(-1)
-        strides = tuple(s * flat.itemsize for s in operand.strides)
-        return np.lib.stride_tricks.as_strided(flat[operand.offset :], operand.shape, strides)
-
     def call(values, out):
-        a, b = view(values, match.a), view(values, match.b)
-        shape = (a.shape[0], a.shape[1], b.shape[2])
-        strides = tuple(s * out.itemsize for s in match.out_strides)
-        target = np.lib.stride_tricks.as_strided(out.reshape(-1), shape, strides)
-        np.matmul(a, b, out=target)
+        run_gemm(match, values, out.shape, out)
 
     return call
 

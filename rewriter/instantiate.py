@@ -276,18 +276,20 @@ def _band_roles(scope: Scope, x: Access, y: Access) -> BandMatch | None:
     return BandMatch(kind, x.source.name, y.source.name, row, band, dilation, flops)
 
 
-def run_gemm(match: GemmMatch, values: dict[str, np.ndarray], out_shape) -> np.ndarray:
-    """C[b, m, n] = A[b, m, :] @ B[b, :, n] on strided views of the operands (no copies made here)."""
+def run_gemm(match: GemmMatch, values: dict[str, np.ndarray], out_shape, out: np.ndarray | None = None) -> np.ndarray:
+    """C[b, m, n] = A[b, m, :] @ B[b, :, n] on strided views of the operands (no copies made
+    here), landing in ``out`` (a new array when None) through C's strides."""
 
     def view(op: Operand) -> np.ndarray:
         flat = np.ascontiguousarray(values[op.tensor]).reshape(-1)
         itemsize = flat.itemsize
         return np.lib.stride_tricks.as_strided(flat[op.offset :], op.shape, tuple(s * itemsize for s in op.strides))
 
-    product = np.matmul(view(match.a), view(match.b))
-    out = np.empty(out_shape, dtype=product.dtype)
-    target = np.lib.stride_tricks.as_strided(out.reshape(-1), product.shape, tuple(s * out.itemsize for s in match.out_strides))
-    target[...] = product
+    a, b = view(match.a), view(match.b)
+    out = np.empty(out_shape, dtype=np.result_type(a, b)) if out is None else out
+    shape = (a.shape[0], a.shape[1], b.shape[2])
+    target = np.lib.stride_tricks.as_strided(out.reshape(-1), shape, tuple(s * out.itemsize for s in match.out_strides))
+    np.matmul(a, b, out=target)
     return out
 
 
