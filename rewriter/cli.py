@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     dv.add_argument("expression")
     dv.add_argument("--shape", action="append", default=[], metavar="NAME=D1,D2")
     dv.add_argument("--max-depth", type=int, default=3)
-    dv.add_argument("--time-limit", type=float, default=None, metavar="SECONDS")
+    dv.add_argument("--time-limit", type=float, default=300.0, metavar="SECONDS")
     dv.add_argument("--show", type=int, default=5, metavar="N", help="candidates to list")
     dv.add_argument("--backend", choices=("cpu", "reference"), default="cpu",
                     help="cpu: compile and measure (default); reference: numpy, analytic ranking")

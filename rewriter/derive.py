@@ -52,7 +52,7 @@ def derive(
     expr: Scope,
     max_depth: int = 7,
     *,
-    time_limit: float | None = None,
+    time_limit: float | None = 300.0,
     max_states: int | None = 200_000,
     keep: int = 8,
     weights=(),
@@ -67,8 +67,10 @@ def derive(
     """Candidate programs for ``expr``, best first, each verified against the reference.
 
     ``weights`` names the inputs that are model weights: kernels reading only them are marked for
-    compile-time evaluation (post-processing, OLLIE 5.4). ``time_limit`` (seconds) bounds the
-    search and the candidate generation (half each); verification of the kept candidates follows.
+    compile-time evaluation (post-processing, OLLIE 5.4). ``time_limit`` (seconds, 300 by default,
+    None for no limit) bounds the search and the candidate generation (half each): depth 7 on a
+    convolution does not finish in minutes on a small machine. Verification of the kept
+    candidates follows.
 
     ``backend="cpu"`` (the default) compiles the verified candidates (BLAS for matched Matmuls,
     TVM for the rest, ``codegen.program``), checks each compiled program against the reference

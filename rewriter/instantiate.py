@@ -405,8 +405,7 @@ def _emit(scope: Scope, output: str, kernels: list[Kernel], names) -> None:
     """The kernel computing ``scope``; where no operator matches the operands as laid out but
     one matches them re-laid out (split dimensions), the layout eOperators come first."""
     kernel = _kernel(scope, output)
-    # every operator is a summed product of two reads: only those are worth re-laying out
-    relaid = _split_layouts(scope) if kernel.kind == "eop" and _operand_orders(scope) else None
+    relaid = _split_layouts(scope) if wants_operator(scope) else None
     if relaid is not None:
         layouts: list[Kernel] = []
         matched = _kernel(_lift(relaid, layouts, names), output)
