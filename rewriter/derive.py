@@ -17,6 +17,7 @@ eOperator into its only (eOperator) reader, and marks weight-only kernels.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -103,6 +104,8 @@ def derive(
                 candidate = postprocess(instantiate(derived.expr), weights)
                 if [k.kind for k in candidate.kernels] == ["eop"] and candidate.cost >= identity.cost:
                     continue  # the identity re-indexed, no less work: codegen's business
+                if _oversized(candidate, expr):
+                    continue
                 candidate.source = derived
                 found.setdefault(_key(candidate), candidate)
     except KeyboardInterrupt:  # Ctrl-C: what was found so far is still verified and returned
@@ -165,6 +168,16 @@ def _agrees(got: np.ndarray, expected: np.ndarray, tolerance: float) -> bool:
     defined = ~np.isnan(expected)
     scale = _scale(expected)
     return bool(np.allclose(got[defined], expected[defined], rtol=tolerance, atol=tolerance * scale))
+
+
+# A candidate may not build a temporary more than this many times the largest tensor the
+# expression reads or writes (partial sums kept per summed channel can be 64x the output).
+INTERMEDIATE_FACTOR = 8
+
+
+def _oversized(candidate: Candidate, expr: Scope) -> bool:
+    largest = max([math.prod(expr.shape), *(math.prod(s) for s in tensor_shapes(expr).values())])
+    return any(math.prod(k.expr.shape) > INTERMEDIATE_FACTOR * largest for k in candidate.kernels)
 
 
 def _diverse(ranked: list[Candidate]) -> list[Candidate]:
