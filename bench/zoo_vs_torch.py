@@ -8,7 +8,8 @@ Each model is built by ``rewriter.zoo`` as ONNX, imported with ``load_onnx`` and
 ONNX graph node by node with torch operators (``TorchGraph`` below: a small executor for the ops
 the zoo uses, written for this benchmark; torch.compile traces it into one graph). Both are
 checked against ``Model.run`` (the reference semantics) and timed in one process, interleaved,
-with the idle settings of bench/vs_torch.py. Writes bench/results/zoo_vs_torch.json.
+with the idle settings of bench/vs_torch.py. Adds (or replaces) one row per model in
+bench/results/zoo_vs_torch.json (zoo_vs_torch_small.json with --small).
 """
 
 from __future__ import annotations
@@ -165,14 +166,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     print(f"{'model':<12}{'subprograms':>12}{'optimize s':>11}{'ours ms':>10}{'eager ms':>10}{'compile ms':>11}{'x eager':>9}{'x compile':>10}")
-    rows = []
+    out = ROOT / "bench" / "results" / ("zoo_vs_torch_small.json" if args.small else "zoo_vs_torch.json")
     for name in args.models.split(","):
         row = run(name, args.small, args.max_depth, args.subprogram_time_limit, args.rounds)
-        rows.append(row)
         print(f"{name:<12}{row['subprograms']:>12}{row['optimize_s']:>11}{row['optimized_ms']:>10}{row['torch_eager_ms']:>10}"
               f"{row['torch_compile_ms']:>11}{row['vs_torch_eager']:>9}{row['vs_torch_compile']:>10}", flush=True)
-    out = ROOT / "bench" / "results" / ("zoo_vs_torch_small.json" if args.small else "zoo_vs_torch.json")
-    out.write_text(json.dumps(rows, indent=1))
+        # Rows of earlier runs (other models) are kept, so models can be measured one run at a time.
+        rows = [r for r in (json.loads(out.read_text()) if out.exists() else []) if r["model"] != name]
+        out.write_text(json.dumps(sorted(rows + [row], key=lambda r: zoo.NAMES.index(r["model"])), indent=1))
     print(f"wrote {out.relative_to(ROOT)}")
 
 

@@ -27,7 +27,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from rewriter.errors import ExpressionError
-from rewriter.instantiate import Candidate, GemmMatch, Kernel, match_operator, run_gemm
+from rewriter.instantiate import Candidate, GemmMatch, Kernel, fuse, fusion_pairs, match_operator, run_gemm
 from rewriter.ir import tensor_shapes
 from rewriter.parser import parse
 from rewriter.reference import evaluate
@@ -234,24 +234,57 @@ def compile_candidate(candidate: Candidate, inputs: Mapping[str, tuple[int, ...]
 
     Convolutions and band matmuls race TVM against numpy's contraction; with ``tune`` > 0 every
     TVM kernel also races up to ``tune`` schedules (``candidate_schedules``: tile, vector width,
-    parallel loops, unrolling), each measured once per device in ``db``.
+    parallel loops, unrolling), each measured once per device in ``db``. A candidate that
+    post-processing fused (``candidate.unfused``) starts from its unfused kernels, and each
+    eOperator fusion is kept only where the fused kernel measures faster (``_fused``).
     """
-    steps = []
-    for kernel in candidate.kernels:
-        if kernel.kind in LIBRARY:
-            steps.append(_step(kernel, "blas", dtype))
-            continue
-        options = []
-        for schedule in candidate_schedules(kernel.expr, tune) if tune > 0 else [None]:
-            try:
-                options.append(_step(kernel, "tvm", dtype, schedule=schedule))
-            except CodegenError:
-                pass  # TVM refused this one: the others (or numpy's path) remain
-        if kernel.kind in DUAL or not options:
-            options.append(_step(kernel, "numpy", dtype))
-        if len(options) > 1 and not kernel.weight_only:
-            probe = CompiledProgram(options, {}, dtype)
-            probe.measure(db)
-            options.sort(key=lambda s: s.seconds)
-        steps.append(options[0])
+    kernels = candidate.unfused or candidate.kernels
+    steps = [_fastest(kernel, dtype, db, tune) for kernel in kernels]
+    if candidate.unfused:
+        steps = _fused(steps, dtype, db, tune)
     return CompiledProgram(steps, dict(inputs), dtype, source=candidate.source)
+
+
+def _fastest(kernel: Kernel, dtype: str, db: MeasurementDB | None, tune: int) -> Step:
+    """The kernel's fastest implementation by measurement (BLAS for matched Matmuls)."""
+    if kernel.kind in LIBRARY:
+        return _step(kernel, "blas", dtype)
+    options = []
+    for schedule in candidate_schedules(kernel.expr, tune) if tune > 0 else [None]:
+        try:
+            options.append(_step(kernel, "tvm", dtype, schedule=schedule))
+        except CodegenError:
+            pass  # TVM refused this one: the others (or numpy's path) remain
+    if kernel.kind in DUAL or not options:
+        options.append(_step(kernel, "numpy", dtype))
+    if len(options) > 1 and not kernel.weight_only:
+        CompiledProgram(options, {}, dtype).measure(db)
+        options.sort(key=lambda s: s.seconds)
+    return options[0]
+
+
+def _fused(steps: list[Step], dtype: str, db: MeasurementDB | None, tune: int) -> list[Step]:
+    """eOperator fusion by measurement (OLLIE 5.4 post-processing): an eOperator read only by
+    one later eOperator is fused into it when the fused kernel takes less time than the two
+    apart. A weight-only producer runs once at build time and counts as free; two weight-only
+    kernels fuse without measuring (one temporary fewer)."""
+    steps, refused = list(steps), set()
+    while True:
+        for producer, consumer in fusion_pairs([s.kernel for s in steps]):
+            apart = [steps[producer], steps[consumer]]
+            pair = tuple(s.kernel.output for s in apart)
+            if pair in refused:
+                continue
+            kernel = fuse(*(s.kernel for s in apart))
+            fused = _fastest(kernel, dtype, db, tune)
+            if not kernel.weight_only:
+                timed = [s for s in apart if not s.kernel.weight_only]
+                CompiledProgram([fused, *timed], {}, dtype).measure(db)
+                if fused.seconds >= sum(s.seconds for s in timed):
+                    refused.add(pair)
+                    continue
+            steps[consumer] = fused
+            del steps[producer]
+            break
+        else:
+            return steps

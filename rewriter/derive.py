@@ -12,7 +12,8 @@ backend by the analytic stand-in ``Candidate.cost``.
 Guided derivation (section 5.2): the guided rules (operator layout, iterator merging) are applied
 to every scope that has an operator's shape but matches no table yet, up to ``guided_depth``
 steps, free of ``max_depth``. Post-processing (5.4) drops identity eOperators, fuses an
-eOperator into its only (eOperator) reader, and marks weight-only kernels.
+eOperator into its only (eOperator) reader (with the cpu backend: where the fused kernel
+measures faster), and marks weight-only kernels.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .dsl import registered
 from .errors import ExpressionError
 from .fingerprint import fingerprint
 from .instantiate import Candidate, Kernel, instantiate, postprocess, rename_tensor, wants_operator
-from .ir import Program, Scope, Tensor, tensor_shapes
+from .ir import Program, Scope, Tensor, nested_scopes, tensor_shapes
 from .reference import evaluate
 from .search import SearchStats, State, Step, eager_closure, explore, replace_at, scopes_at
 
@@ -104,8 +105,10 @@ def derive(
                 candidate = postprocess(instantiate(derived.expr), weights)
                 if [k.kind for k in candidate.kernels] == ["eop"] and candidate.cost >= identity.cost:
                     continue  # the identity re-indexed, no less work: codegen's business
-                if _oversized(candidate, expr):
+                if _oversized(candidate.kernels, expr):
                     continue
+                if candidate.unfused and _oversized(candidate.unfused, expr):
+                    candidate.unfused = None  # only the fused form stays within memory
                 candidate.source = derived
                 found.setdefault(_key(candidate), candidate)
     except KeyboardInterrupt:  # Ctrl-C: what was found so far is still verified and returned
@@ -175,9 +178,12 @@ def _agrees(got: np.ndarray, expected: np.ndarray, tolerance: float) -> bool:
 INTERMEDIATE_FACTOR = 8
 
 
-def _oversized(candidate: Candidate, expr: Scope) -> bool:
+def _oversized(kernels: list[Kernel], expr: Scope) -> bool:
+    """Whether a kernel's output or a stage inside it (a nested scope, materialised) is over
+    ``INTERMEDIATE_FACTOR`` times the largest tensor of ``expr``."""
     largest = max([math.prod(expr.shape), *(math.prod(s) for s in tensor_shapes(expr).values())])
-    return any(math.prod(k.expr.shape) > INTERMEDIATE_FACTOR * largest for k in candidate.kernels)
+    scopes = [scope for k in kernels for scope in (k.expr, *nested_scopes(k.expr))]
+    return any(math.prod(scope.shape) > INTERMEDIATE_FACTOR * largest for scope in scopes)
 
 
 def _diverse(ranked: list[Candidate]) -> list[Candidate]:

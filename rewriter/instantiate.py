@@ -344,6 +344,7 @@ class Candidate:
 
     kernels: list[Kernel]
     source: object = field(default=None, repr=False)  # the search state it came from
+    unfused: list[Kernel] | None = field(default=None, repr=False)  # before eOperator fusion (5.4)
 
     @property
     def output(self) -> str:
@@ -504,17 +505,30 @@ def _layout_read(access: Access, splits) -> Access:
 
 def postprocess(candidate: Candidate, weights=()) -> Candidate:
     """Drop identity eOperators, fuse an eOperator into the eOperator that alone reads it, and
-    mark kernels that read only weights (``weights``: input names) for compile-time evaluation."""
+    mark kernels that read only weights (``weights``: input names) for compile-time evaluation.
+
+    The result also carries ``unfused``: the same program before eOperator fusion (None when
+    nothing fused), so that code generation can fuse only where that measures faster."""
     kernels = list(candidate.kernels)
-    changed = True
-    while changed:
-        changed = _drop_identity(kernels) or _fuse_eops(kernels)
-    constant = set(weights)
-    for index, kernel in enumerate(kernels):
-        if kernel.output != kernels[-1].output and set(tensor_shapes(kernel.expr)) <= constant:
-            kernels[index] = Kernel(kernel.kind, kernel.output, kernel.expr, kernel.match, weight_only=True)
+    while _drop_identity(kernels):
+        pass
+    unfused = list(kernels)
+    while _fuse_eops(kernels) or _drop_identity(kernels):
+        pass
+    fused = len(kernels) < len(unfused)
+    return Candidate(mark_weight_only(kernels, weights), candidate.source, mark_weight_only(unfused, weights) if fused else None)
+
+
+def mark_weight_only(kernels: list[Kernel], weights) -> list[Kernel]:
+    """``kernels`` with those that read only weights (and their products) marked weight-only;
+    the program's final kernel is never marked."""
+    constant, marked = set(weights), []
+    for kernel in kernels:
+        only = kernel.output != kernels[-1].output and set(tensor_shapes(kernel.expr)) <= constant
+        if only:
             constant.add(kernel.output)
-    return Candidate(kernels, candidate.source)
+        marked.append(Kernel(kernel.kind, kernel.output, kernel.expr, kernel.match, only))
+    return marked
 
 
 def _readers(kernels: list[Kernel], name: str) -> list[int]:
@@ -559,23 +573,37 @@ def _rename_reads(kernels: list[Kernel], old: str, new: str) -> None:
         kernels[k] = reader.with_expr(rename_tensor(reader.expr, old, tensor))
 
 
-def _fuse_eops(kernels: list[Kernel]) -> bool:
-    """eOperator fusion: a producer eOperator read by exactly one later eOperator is inlined."""
+def fusion_pairs(kernels: list[Kernel]) -> list[tuple[int, int]]:
+    """(producer, consumer) positions where an eOperator is read by exactly one later kernel,
+    itself an eOperator: the pairs eOperator fusion may merge."""
+    pairs = []
     for index, producer in enumerate(kernels[:-1]):
         readers = _readers(kernels, producer.output)
-        if producer.kind != "eop" or len(readers) != 1 or kernels[readers[0]].kind != "eop":
-            continue
-        consumer = kernels[readers[0]]
+        if producer.kind == "eop" and len(readers) == 1 and kernels[readers[0]].kind == "eop":
+            pairs.append((index, readers[0]))
+    return pairs
 
-        def read(indices, scope=producer.expr):
-            return scope[tuple(ix + it.lo for ix, it in zip(indices, scope.traversal))]
 
-        expr = consumer.expr
-        fused = Scope(expr.traversal, expr.summation, replace_reads(expr.body, producer.output, read), expr.reduce)
-        kernels[readers[0]] = Kernel("eop", consumer.output, fused)
-        del kernels[index]
-        return True
-    return False
+def fuse(producer: Kernel, consumer: Kernel) -> Kernel:
+    """eOperator fusion: ``consumer`` with its reads of ``producer`` replaced by the producer's
+    expression (a nested scope, which code generation computes once as a stage)."""
+
+    def read(indices, scope=producer.expr):
+        return scope[tuple(ix + it.lo for ix, it in zip(indices, scope.traversal))]
+
+    expr = consumer.expr
+    fused = Scope(expr.traversal, expr.summation, replace_reads(expr.body, producer.output, read), expr.reduce)
+    return Kernel("eop", consumer.output, fused, weight_only=producer.weight_only and consumer.weight_only)
+
+
+def _fuse_eops(kernels: list[Kernel]) -> bool:
+    pairs = fusion_pairs(kernels)
+    if not pairs:
+        return False
+    producer, consumer = pairs[0]
+    kernels[consumer] = fuse(kernels[producer], kernels[consumer])
+    del kernels[producer]
+    return True
 
 
 def rename_tensor(scope: Scope, name: str, tensor: Tensor) -> Scope:

@@ -117,3 +117,26 @@ def test_tuning_races_schedules_and_keeps_a_correct_one():
     step = program.steps[0]
     assert step.impl == "numpy" or step.compiled.schedule in candidate_schedules(expr, 3)
     _close(program(**inputs), evaluate(expr, inputs))
+
+
+@pytest.mark.parametrize("fused_seconds, kernels", [(1e-9, 1), (1.0, 2)])
+def test_eoperator_fusion_is_kept_only_where_it_measures_faster(tmp_path, fused_seconds, kernels):
+    """The fused kernel's stored timing decides: far faster than the two apart, they fuse; far
+    slower, the program keeps both kernels. Either way it computes the same values."""
+    from codegen.measure import Timing
+    from codegen.program import _step
+    from rewriter import parse
+    from rewriter.instantiate import Candidate, Kernel, fuse
+
+    shapes = {"A": (64, 48)}
+    scale = Kernel("eop", "T0", parse("L i:64, j:48 ; 2 * A[i, j]", shapes))
+    shift = Kernel("eop", "out", parse("L j:48, i:64 ; T0[i, j] + 1", {"T0": (64, 48)}))
+    candidate = postprocess(Candidate([scale, shift]))
+    assert len(candidate.kernels) == 1 and len(candidate.unfused) == 2
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    for kernel, seconds in ((scale, 1e-3), (shift, 1e-3), (fuse(scale, shift), fused_seconds)):
+        db.put(_step(kernel, "tvm", "float32").signature("float32"), Timing(seconds, 0.0, 1, False))
+    program = compile_candidate(candidate, shapes, db=db)
+    assert len(program.kernels) == kernels
+    a = np.random.default_rng(0).uniform(-1, 1, (64, 48))
+    _close(program(A=a), (2 * a + 1).T)
