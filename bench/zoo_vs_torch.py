@@ -7,7 +7,7 @@ Each model is built by ``rewriter.zoo`` as ONNX, imported with ``load_onnx`` and
 ``optimize_program`` (the same path as ``rewriter optimize``). The PyTorch baseline runs the same
 ONNX graph node by node with torch operators (``TorchGraph`` below: a small executor for the ops
 the zoo uses, written for this benchmark; torch.compile traces it into one graph). Both are
-checked against ``Model.run`` (the reference semantics) and timed in one process, interleaved,
+checked against ``Model.original`` (onnxruntime) and timed in one process, interleaved,
 with the idle settings of bench/vs_torch.py. Adds (or replaces) one row per model in
 bench/results/zoo_vs_torch.json (zoo_vs_torch_small.json with --small).
 """
@@ -130,7 +130,7 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
     optimize_s = time.perf_counter() - start
     (input_name, shape), = model.inputs.items()
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    want = model.run({input_name: x})[model.outputs[0]]
+    want = model.original({input_name: x})[model.outputs[0]]
     graph = TorchGraph(onnx_model)
     tx = torch.from_numpy(x)
     compiled = torch.compile(graph)

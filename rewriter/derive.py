@@ -26,9 +26,10 @@ import numpy as np
 
 from .dsl import registered
 from .errors import ExpressionError
+from .extract import extract
 from .fingerprint import fingerprint
 from .instantiate import Candidate, Kernel, instantiate, postprocess, rename_tensor, wants_operator
-from .ir import Program, Scope, Tensor, nested_scopes, tensor_shapes
+from .ir import Iterator, Program, Scope, Tensor, nested_scopes, rename_tensors, tensor_shapes
 from .reference import evaluate
 from .search import SearchStats, State, Step, eager_closure, explore, replace_at, scopes_at
 
@@ -86,9 +87,11 @@ def derive(
     if backend not in ("cpu", "reference"):
         raise ExpressionError(f"derive(): unknown backend {backend!r} (use 'cpu' or 'reference')")
     started = time.perf_counter()
-    # half the time budget explores; guided steps and instantiation stop at the deadline
+    # half the time budget explores; guided steps and instantiation take the next 40%, and
+    # extraction from the e-graph the rest
     exploration = explore(expr, max_depth, time_limit=time_limit and time_limit / 2, max_states=max_states)
     deadline = None if time_limit is None else started + time_limit
+    candidates_until = None if time_limit is None else started + 0.9 * time_limit
     identity = Candidate([Kernel("eop", "out", expr)])
     as_given = postprocess(instantiate(expr), weights)  # the input's own scopes, instantiated
     found = {_key(as_given): as_given, _key(identity): identity}  # equal keys: the identity stays
@@ -96,65 +99,213 @@ def derive(
     memo: dict = {}  # eager rule results per scope, shared by every guided step
     eager = registered("eager")
     seen = {state.fingerprint for state in exploration.states}
+    extraction = _Extraction(exploration.graph, expr, weights) if exploration.graph is not None else None
     try:
         for state in exploration.states:
-            if deadline is not None and time.perf_counter() > deadline:
+            if candidates_until is not None and time.perf_counter() > candidates_until:
                 exploration.stats.stop_reason = "time"
                 break
             for derived in [state, *_guided(state, guided, eager, memo, seen, guided_depth)]:
-                candidate = postprocess(instantiate(derived.expr), weights)
-                if [k.kind for k in candidate.kernels] == ["eop"] and candidate.cost >= identity.cost:
-                    continue  # the identity re-indexed, no less work: codegen's business
-                if _oversized(candidate.kernels, expr):
-                    continue
-                if candidate.unfused and _oversized(candidate.unfused, expr):
-                    candidate.unfused = None  # only the fused form stays within memory
-                candidate.source = derived
-                found.setdefault(_key(candidate), candidate)
+                candidate = _admitted(postprocess(instantiate(derived.expr), weights), identity, expr)
+                if candidate is not None:
+                    candidate.source = derived
+                    found.setdefault(_key(candidate), candidate)
+        extracted = extraction and extraction.best(deadline)
+        if extracted and (candidate := _admitted(extracted, identity, expr)):
+            found.setdefault(_key(candidate), candidate)
     except KeyboardInterrupt:  # Ctrl-C: what was found so far is still verified and returned
         exploration.stats.stop_reason = "interrupted"
     ranked = _diverse(sorted(found.values(), key=lambda c: c.cost))
     rng = np.random.default_rng(seed)
     inputs = {name: rng.uniform(-1, 1, shape) for name, shape in tensor_shapes(expr).items()}
-    expected = evaluate(expr, inputs)
-    verified, rejected = [], []
+    check = _Check(expr, inputs, exploration.stats, rtol, sampled=backend == "cpu" and _terms(expr) > FULL_CHECK_TERMS, rng=rng)
+    verified = []
     for candidate in ranked:
         if len(verified) >= keep and candidate is not identity:
             continue
-        got = candidate(**inputs)
-        if _agrees(got, expected, rtol):
+        if check.sampled or check.reference(candidate):  # sampled: the compiled program is checked
             verified.append(candidate)
-        else:
-            rejected.append(Derivation(expr, [candidate], exploration.stats).explain(candidate))
     verified.sort(key=lambda c: c.cost)
     if backend == "cpu":
-        verified = _compiled(expr, verified, inputs, expected, rejected, dtype, db, tune)
-    return Derivation(expr, verified, exploration.stats, rejected)
+        verified = _compiled(check, verified, dtype, db, tune, extraction, deadline)
+    return Derivation(expr, verified, exploration.stats, check.rejected)
 
 
-def _compiled(expr: Scope, candidates: list[Candidate], inputs: dict, expected: np.ndarray, rejected: list, dtype: str, db, tune: int):
+def _admitted(candidate: Candidate, identity: Candidate, expr: Scope) -> Candidate | None:
+    """``candidate`` if it is worth verifying: not the identity re-indexed with no less work
+    (codegen's business), and without oversized temporaries."""
+    if [k.kind for k in candidate.kernels] == ["eop"] and candidate.cost >= identity.cost:
+        return None
+    if _oversized(candidate.kernels, expr):
+        return None
+    if candidate.unfused and _oversized(candidate.unfused, expr):
+        candidate.unfused = None  # only the fused form stays within memory
+    return candidate
+
+
+# Above this many scalar terms (iterations of the expression's scopes), the reference is
+# evaluated on a few boxes of the output, not the whole: a naive full-size ConvTranspose sums
+# over every input position for every output and takes hours in numpy.
+FULL_CHECK_TERMS = 1e9
+SAMPLE_POINTS = 256  # output points per sampled box
+
+
+def _terms(expr: Scope) -> int:
+    return sum(math.prod(it.size for it in s.iterators) for s in (expr, *nested_scopes(expr)))
+
+
+class _Check:
+    """Verification against the reference values of ``expr`` on ``inputs``; what disagrees is
+    logged (its rule path) in ``rejected``. ``sampled``: the reference is evaluated on four
+    boxes of the output only (the low corner, the high corner and two random ones, where
+    padding and boundary errors show), and candidates are checked there."""
+
+    def __init__(self, expr: Scope, inputs: dict, stats: SearchStats, rtol: float, sampled: bool = False, rng=None):
+        self.expr, self.inputs, self.stats, self.rtol, self.sampled = expr, inputs, stats, rtol, sampled
+        self.rejected: list[str] = []
+        boxes = _boxes(expr, rng or np.random.default_rng(0)) if sampled else [tuple(slice(None) for _ in expr.traversal)]
+        self.expected = [(box, evaluate(_restricted(expr, box), inputs)) for box in boxes]
+
+    def reference(self, candidate: Candidate) -> bool:
+        return self._agrees(candidate, candidate(**self.inputs), self.rtol, "")
+
+    def compiled(self, candidate: Candidate, program, tolerance: float) -> bool:
+        return self._agrees(candidate, program(**self.inputs), tolerance, "compiled program disagrees with the reference:\n")
+
+    def _agrees(self, candidate: Candidate, got: np.ndarray, tolerance: float, why: str) -> bool:
+        if got.shape == self.expr.shape and all(_agrees(got[box], want, tolerance) for box, want in self.expected):
+            return True
+        self.rejected.append(why + Derivation(self.expr, [candidate], self.stats).explain(candidate))
+        return False
+
+
+def _boxes(expr: Scope, rng) -> list[tuple[slice, ...]]:
+    side = max(1, int(SAMPLE_POINTS ** (1 / max(1, len(expr.traversal)))))
+    sizes = [min(side, it.size) for it in expr.traversal]
+    starts = [[0] * len(sizes), [it.size - size for it, size in zip(expr.traversal, sizes)]]  # the two corners
+    starts += [[int(rng.integers(0, it.size - size + 1)) for it, size in zip(expr.traversal, sizes)] for _ in range(2)]
+    unique = dict.fromkeys(tuple(corner) for corner in starts)
+    return [tuple(slice(start, start + size) for start, size in zip(corner, sizes)) for corner in unique]
+
+
+def _restricted(expr: Scope, box: tuple[slice, ...]) -> Scope:
+    """``expr`` over the part ``box`` (offsets from the low corner) of its output."""
+    traversal = tuple(
+        Iterator(it.name, it.lo + (b.start or 0), it.lo + (b.stop if b.stop is not None else it.size)) for it, b in zip(expr.traversal, box)
+    )
+    return Scope(traversal, expr.summation, expr.body, expr.reduce)
+
+
+# Rounds of lazy measurement: extract with what is measured, compile and measure what was
+# chosen, extract again; stop when extraction chooses a program already measured.
+EXTRACTION_ROUNDS = 3
+
+
+def _compiled(check: _Check, candidates: list[Candidate], dtype: str, db, tune: int, extraction, deadline):
     """Each candidate compiled for this CPU, run and checked against the reference again (in
     ``dtype``), and measured; the result is ordered by measured time. A compiled program that
-    disagrees is dropped and its rule path logged in ``rejected``."""
+    disagrees is dropped and its rule path logged in ``rejected``. Then extraction from the
+    e-graph with the measured kernel times (``_Extraction``) may choose a program not yet among
+    them: it is verified, compiled and measured in turn, up to ``EXTRACTION_ROUNDS`` times
+    while the time budget lasts."""
     from codegen.measure import MeasurementDB
     from codegen.program import compile_candidate
 
     db = db if db is not None else MeasurementDB()
-    shapes = {name: value.shape for name, value in inputs.items()}
+    shapes = {name: value.shape for name, value in check.inputs.items()}
     tolerance = 1e-6 if np.dtype(dtype) == np.float64 else 1e-3
-    compiled = []
-    for candidate in candidates:
+    compiled, measured = [], set()
+
+    def add(candidate: Candidate) -> None:
+        measured.add(_key(candidate))
         program = compile_candidate(candidate, shapes, dtype, db, tune)
-        got = program(**inputs)
-        if _agrees(got, expected, tolerance):
+        if check.compiled(candidate, program, tolerance):
             program.measure(db)
             compiled.append(program)
-        else:
-            rejected.append("compiled program disagrees with the reference:\n" + Derivation(expr, [candidate], None).explain(candidate))
+            if extraction is not None:
+                extraction.learn(program)
+
+    for candidate in candidates:
+        add(candidate)
     if not compiled:  # the identity compiles to one TVM kernel: this is a code generation bug
-        raise RuntimeError(f"no compiled program for {expr} agrees with the reference:\n" + "\n".join(rejected))
+        raise RuntimeError(f"no compiled program for {check.expr} agrees with the reference:\n" + "\n".join(check.rejected))
+    for _ in range(EXTRACTION_ROUNDS if extraction is not None else 0):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        candidate = extraction.best(deadline)
+        if candidate is None or _key(candidate) in measured or _oversized(candidate.kernels, check.expr):
+            break
+        if check.reference(candidate):
+            add(candidate)
+        else:
+            measured.add(_key(candidate))
     compiled.sort(key=lambda p: p.cost)
     return compiled
+
+
+@dataclass
+class _Extracted:
+    """The source of a candidate extracted from the e-graph (no single search state holds it)."""
+
+    expr: Scope
+
+    def explain(self, root: Scope) -> str:
+        return f"E1 = {root}\n  extracted from the e-graph (forms of several states combined)\nE2 = {self.expr}"
+
+
+class _Extraction:
+    """Extraction from the e-graph (``rewriter.extract``) by kernel costs: measured seconds
+    where codegen measured the kernel, else the analytic stand-in scaled by the ratio of
+    measured to analytic time of the kernels of that kind measured so far. Weight-only kernels
+    run once at build time and cost nothing."""
+
+    def __init__(self, graph, expr: Scope, weights):
+        self.graph, self.expr, self.weights = graph, expr, frozenset(weights)
+        self.programs: dict[tuple, Candidate] = {}
+        self.seconds: dict[tuple, float] = {}  # kernel signature -> measured seconds
+        self.ratios: dict[str, list[float]] = {}  # kind -> measured / analytic
+        self.signatures: dict[Scope, tuple] = {}
+
+    def cost(self, own: Scope, constants: frozenset = frozenset()) -> float:
+        key = (own, constants)
+        if key not in self.programs:
+            self.programs[key] = postprocess(instantiate(own), self.weights | constants)
+        program = self.programs[key]
+        forms = [program.kernels] + ([program.unfused] if program.unfused else [])
+        return min(sum(self._seconds(k) for k in kernels if not k.weight_only) for kernels in forms)
+
+    def _signature(self, kernel: Kernel) -> tuple:
+        """The kernel up to tensor names (a temporary's name is an accident of numbering)."""
+        if kernel.expr not in self.signatures:
+            names = {name: f"t{'x'.join(map(str, shape))}" for name, shape in tensor_shapes(kernel.expr).items()}
+            self.signatures[kernel.expr] = (kernel.kind, fingerprint(rename_tensors(kernel.expr, names)))
+        return self.signatures[kernel.expr]
+
+    def _seconds(self, kernel: Kernel) -> float:
+        if self.seconds:
+            measured = self.seconds.get(self._signature(kernel))
+            if measured is not None:
+                return measured
+        ratios = self.ratios.get(kernel.kind) or [r for rs in self.ratios.values() for r in rs] or [1.0]
+        return kernel.cost * float(np.median(ratios))
+
+    def learn(self, program) -> None:
+        """The measured time of each kernel of a compiled ``program``."""
+        for step in program.steps:
+            if step.seconds is not None and not step.kernel.weight_only:
+                self.seconds[self._signature(step.kernel)] = step.seconds
+                self.ratios.setdefault(step.kernel.kind, []).append(step.seconds / step.kernel.cost)
+
+    def best(self, deadline: float | None) -> Candidate | None:
+        try:
+            result = extract(self.graph, self.expr, self.cost, self.weights, deadline)
+        except ExpressionError:
+            return None
+        if result is None:
+            return None
+        scope, _ = result
+        program = postprocess(instantiate(scope), self.weights)
+        return Candidate(list(program.kernels), _Extracted(scope), program.unfused)
 
 
 def _scale(expected: np.ndarray) -> float:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -86,6 +86,7 @@ class Model:
     inputs: dict[str, tuple[int, ...]]
     outputs: tuple[str, ...]
     names: dict[str, str]
+    proto: object = field(default=None, repr=False)  # the onnx.ModelProto it was imported from
 
     def feeds(self, inputs: Mapping[str, object]) -> dict[str, object]:
         """The program's input tensors for ``evaluate``: ``inputs`` (by ONNX name) and the weights."""
@@ -99,6 +100,18 @@ class Model:
         values = evaluate(self.program, self.feeds(inputs))
         values = values if isinstance(values, tuple) else (values,)
         return dict(zip(self.outputs, values))
+
+    def original(self, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """The original model's outputs by ONNX name: onnxruntime's where it is installed (the
+        ONNX semantics, and fast at full size, where the reference semantics of a naive
+        ConvTranspose is slow), else ``run``'s."""
+        try:
+            import onnxruntime
+        except ImportError:
+            return self.run(inputs)
+        session = onnxruntime.InferenceSession(self.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        feeds = {name: np.asarray(inputs[name], dtype=np.float32) for name in self.inputs}
+        return dict(zip(self.outputs, session.run(list(self.outputs), feeds)))
 
 
 def load_onnx(source, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Model:
@@ -114,7 +127,8 @@ def load_onnx(source, input_shapes: Mapping[str, Sequence[int]] | None = None) -
     shapes = _input_shapes(onnx, model.graph, constants, input_shapes or {})
     inferred = _inferred_shapes(onnx, model, shapes, where)
     nodes = _fold_batch_norms(onnx, model.graph, constants)
-    return _Build(onnx, _opset(model), constants, shapes, inferred).run(nodes, model.graph)
+    imported = _Build(onnx, _opset(model), constants, shapes, inferred).run(nodes, model.graph)
+    return replace(imported, proto=model)
 
 
 def _import_onnx():

@@ -205,3 +205,34 @@ def test_nan_results_of_random_inputs_agree_position_by_position():
     for backend in ("reference", "cpu"):
         derivation = derive(expr, max_depth=1, backend=backend)
         assert derivation.candidates and derivation.rejected == []
+
+
+def test_sampled_verification_sees_an_error_at_the_far_corner():
+    """Above FULL_CHECK_TERMS the reference is evaluated on boxes of the output only; the high
+    corner is one of them, where padding errors show."""
+    from rewriter.derive import _Check
+    from rewriter.instantiate import Candidate, Kernel
+    from rewriter.search import SearchStats
+
+    expr = conv2d((1, 3, 9, 9), (4, 3, 3, 3), padding=1)
+    inputs = random_inputs(expr)
+    check = _Check(expr, inputs, SearchStats(), 1e-9, sampled=True, rng=np.random.default_rng(0))
+    assert 1 < len(check.expected) <= 4 and all(want.size < evaluate(expr, inputs).size for _, want in check.expected)
+    identity = Candidate([Kernel("eop", "out", expr)])
+    right = evaluate(expr, inputs)
+    assert check._agrees(identity, right, 1e-9, "")
+    wrong = right.copy()
+    wrong[-1, -1, -1, -1] += 1e-3
+    assert not check._agrees(identity, wrong, 1e-9, "") and len(check.rejected) == 1
+
+
+def test_derive_verifies_by_samples_above_the_threshold(monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("rewriter.derive"), "FULL_CHECK_TERMS", 0)
+    expr = conv2d((1, 4, 6, 6), (4, 4, 3, 3), padding=1)
+    derivation = derive(expr, max_depth=1, time_limit=60)
+    inputs = random_inputs(expr, seed=3)
+    assert derivation.rejected == []
+    for program in derivation.candidates:
+        np.testing.assert_allclose(program(**inputs), evaluate(expr, inputs), rtol=1e-3, atol=1e-3)
