@@ -96,10 +96,11 @@ def _merged(names: list[str], strides: dict, sizes: dict) -> int | None:
     names = [n for n in names if sizes[n] > 1]
     if not names:
         return 0
+    stride = {n: strides.get(n, 0) for n in names}  # an operand broadcast along n: stride 0
     for outer, inner in zip(names, names[1:]):
-        if strides[outer] != strides[inner] * sizes[inner]:
+        if stride[outer] != stride[inner] * sizes[inner]:
             return None
-    return strides[names[-1]]
+    return stride[names[-1]]
 
 
 def match_gemm(scope: Scope) -> GemmMatch | None:
@@ -132,6 +133,21 @@ def match_gemm(scope: Scope) -> GemmMatch | None:
     order = {name: k for k, name in enumerate(out_names)}
     for name in ("b", "m", "n"):
         groups[name].sort(key=order.get)
+    # An m (n) iterator that does not merge with the others may be a batch dimension over
+    # which the other operand is broadcast (stride 0): the outermost ones are tried first.
+    for split_m in range(len(groups["m"]) + 1):
+        for split_n in range(len(groups["n"]) + 1):
+            batch = sorted(groups["b"] + groups["m"][:split_m] + groups["n"][:split_n], key=order.get)
+            regrouped = dict(groups, b=batch, m=groups["m"][split_m:], n=groups["n"][split_n:])
+            match = _gemm_match(x, y, px, py, regrouped, box, sizes, out_strides)
+            if match is not None:
+                return match
+    return None
+
+
+def _gemm_match(x: Access, y: Access, px: dict, py: dict, groups: dict, box: dict, sizes: dict, out_strides: dict) -> GemmMatch | None:
+    """The match for one grouping of the iterators into b, m, n, k, or None when some group's
+    iterators do not form one strided dimension of an operand or of the output."""
     # read the operands at the first point of the box
     base_x = px[""] + sum(px[n] * box[n][0] for n in px if n)
     base_y = py[""] + sum(py[n] * box[n][0] for n in py if n)

@@ -236,3 +236,17 @@ def test_derive_verifies_by_samples_above_the_threshold(monkeypatch):
     assert derivation.rejected == []
     for program in derivation.candidates:
         np.testing.assert_allclose(program(**inputs), evaluate(expr, inputs), rtol=1e-3, atol=1e-3)
+
+
+def test_an_operand_broadcast_along_a_batch_dimension_matches_batch_matmul():
+    """NCHW ConvTranspose after summation splitting: n indexes the input and the output but not
+    the weight, and does not merge with x, y into one row dimension: it is a batch dimension over
+    which the weight is broadcast (stride 0)."""
+    from rewriter.instantiate import Candidate, Kernel
+
+    shapes = {"A": (3, 5, 2, 2), "K": (5, 4, 3, 3)}
+    scope = parse("L n:3, x:2, y:2, f:4, p:3, q:3 ; S c:5 ; A[n, c, x, y] * K[c, f, p, q]", shapes)
+    match = match_gemm(scope)
+    assert match.kind == "batch_matmul" and match.a.shape == (3, 4, 5) and match.b.strides[0] == 0
+    inputs = random_inputs(scope)
+    np.testing.assert_allclose(Candidate([Kernel("batch_matmul", "out", scope, match)])(**inputs), evaluate(scope, inputs))
