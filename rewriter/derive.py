@@ -29,7 +29,8 @@ from .errors import ExpressionError
 from .extract import extract
 from .fingerprint import fingerprint
 from .instantiate import Candidate, Kernel, instantiate, postprocess, rename_tensor, wants_operator
-from .ir import Iterator, Program, Scope, Tensor, nested_scopes, rename_tensors, tensor_shapes
+from .indexing import index_bounds
+from .ir import Access, Iterator, Program, Scope, Tensor, map_accesses, nested_scopes, rename_tensors, tensor_shapes
 from .reference import evaluate
 from .search import SearchStats, State, Step, eager_closure, explore, replace_at, scopes_at
 
@@ -189,11 +190,31 @@ def _boxes(expr: Scope, rng) -> list[tuple[slice, ...]]:
 
 
 def _restricted(expr: Scope, box: tuple[slice, ...]) -> Scope:
-    """``expr`` over the part ``box`` (offsets from the low corner) of its output."""
+    """``expr`` over the part ``box`` (offsets from the low corner) of its output, its nested
+    scopes narrowed to what that part reads of them."""
     traversal = tuple(
         Iterator(it.name, it.lo + (b.start or 0), it.lo + (b.stop if b.stop is not None else it.size)) for it, b in zip(expr.traversal, box)
     )
-    return Scope(traversal, expr.summation, expr.body, expr.reduce)
+    return _narrowed(Scope(traversal, expr.summation, expr.body, expr.reduce))
+
+
+def _narrowed(scope: Scope) -> Scope:
+    """``scope`` with each nested scope it reads cut to the hull of the indices read (outside
+    it, a read of a scope is 0: the values read do not change)."""
+    box = {it.name: (it.lo, it.hi) for it in scope.iterators}
+
+    def read(access: Access) -> Access:
+        inner = access.source
+        if not isinstance(inner, Scope):
+            return access
+        traversal = []
+        for ix, it in zip(access.indices, inner.traversal):
+            lo, hi = index_bounds(ix, box)
+            lo, hi = max(lo, it.lo), min(hi + 1, it.hi)
+            traversal.append(Iterator(it.name, lo, hi) if lo < hi else Iterator(it.name, it.lo, it.lo + 1))
+        return Access(_narrowed(Scope(tuple(traversal), inner.summation, inner.body, inner.reduce)), access.indices)
+
+    return Scope(scope.traversal, scope.summation, map_accesses(scope.body, read), scope.reduce)
 
 
 # Rounds of lazy measurement: extract with what is measured, compile and measure what was

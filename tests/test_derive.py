@@ -250,3 +250,19 @@ def test_an_operand_broadcast_along_a_batch_dimension_matches_batch_matmul():
     assert match.kind == "batch_matmul" and match.a.shape == (3, 4, 5) and match.b.strides[0] == 0
     inputs = random_inputs(scope)
     np.testing.assert_allclose(Candidate([Kernel("batch_matmul", "out", scope, match)])(**inputs), evaluate(scope, inputs))
+
+
+def test_sampled_reference_values_are_the_full_ones_in_each_box():
+    """The sampled boxes evaluate the expression with its nested scopes cut to what each box
+    reads: the values are those of the full evaluation there."""
+    from rewriter.derive import _Check
+    from rewriter.search import SearchStats
+
+    shapes = {"A": (30, 40), "B": (3,)}
+    expr = parse("L i:40, j:30 ; relu({ L a:30, b:40 ; S k:3 ; A[a+k-1, b] * B[k] }[j, i] + { L c:40 ; B[c/20] }[i])", shapes)
+    inputs = random_inputs(expr)
+    check = _Check(expr, inputs, SearchStats(), 1e-9, sampled=True, rng=np.random.default_rng(1))
+    full = evaluate(expr, inputs)
+    assert len(check.expected) == 4 and all(want.shape == (16, 16) for _, want in check.expected)
+    for box, want in check.expected:
+        np.testing.assert_allclose(want, full[box])
