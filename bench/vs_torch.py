@@ -1,7 +1,7 @@
 """The derived program against PyTorch (eager and torch.compile) and TVM on the original expression.
 
     python3 bench/vs_torch.py [--cases conv3x3,convtranspose,conv5x5,g2bmm] [--depth 3]
-                              [--time-limit 120] [--rounds 15]
+                              [--time-limit 120] [--rounds 15] [--tune 0]
 
 For each public case: ``derive`` from the naive expression (cpu backend: compiled, verified,
 measured), the best program bound to the case's weights; PyTorch eager and ``torch.compile`` on
@@ -82,13 +82,13 @@ def interleaved(functions: dict, rounds: int) -> dict:
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
-def run(name: str, depth: int, time_limit: float, rounds: int) -> dict:
+def run(name: str, depth: int, time_limit: float, rounds: int, tune: int = 0) -> dict:
     expr = CASES[name].expression()
     rng = np.random.default_rng(0)
     inputs = {n: rng.uniform(-1, 1, s).astype(np.float32) for n, s in CASES[name].shapes.items()}
     expected = evaluate(expr, inputs)
     start = time.perf_counter()
-    derivation = derive(expr, max_depth=depth, time_limit=time_limit, weights=WEIGHTS[name])
+    derivation = derive(expr, max_depth=depth, time_limit=time_limit, weights=WEIGHTS[name], tune=tune)
     derive_s = time.perf_counter() - start
     best = derivation.best.bind({w: inputs[w] for w in WEIGHTS[name]})
     activations = {n: v for n, v in inputs.items() if n not in WEIGHTS[name]}
@@ -113,6 +113,7 @@ def run(name: str, depth: int, time_limit: float, rounds: int) -> dict:
     return {
         "case": name,
         "derive_s": round(derive_s, 1),
+        "tune": tune,
         "kernels": [k.kind for k in best.kernels],
         "listing": best.listing(),
         **{f"{k}_ms": round(v * 1e3, 3) for k, v in medians.items()},
@@ -128,11 +129,12 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--time-limit", type=float, default=120.0)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--tune", type=int, default=0, help="TVM schedules raced per kernel (derive's tune)")
     args = parser.parse_args()
     rows = []
     print(f"{'case':<14}{'derived ms':>11}{'eager ms':>10}{'compile ms':>11}{'tvm ms':>9}{'x eager':>9}{'x compile':>10}{'x tvm':>7}  kernels")
     for name in args.cases.split(","):
-        row = run(name, args.depth, args.time_limit, args.rounds)
+        row = run(name, args.depth, args.time_limit, args.rounds, args.tune)
         rows.append(row)
         print(
             f"{name:<14}{row['derived_ms']:>11}{row['torch_eager_ms']:>10}{row['torch_compile_ms']:>11}{row['tvm_original_ms']:>9}"

@@ -734,7 +734,7 @@ def candidate_schedules(scope: Scope, limit: int = 8) -> list[Schedule]:
     variants = [base]
     if scope.summation:
         variants += [replace(base, reduction_vector=flag) for flag in (False, True)]
-        variants += [replace(base, tile=1), replace(base, tile=8), replace(base, unroll=4)]
+        variants += [replace(base, tile=1), replace(base, tile=8), replace(base, tile=16), replace(base, unroll=4)]
     small = math.prod(scope.shape) <= 4096  # a parallel launch may cost more than it saves
     variants += [replace(base, parallel=0 if small else 1), replace(base, vector=4), replace(base, pad=False)]
     return list(dict.fromkeys(variants))[:limit]
