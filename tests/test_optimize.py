@@ -1,6 +1,11 @@
 """The program-level optimizer: subprograms derived once per shape, stitched, saved and loaded."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
+import pytest
 
 from rewriter import evaluate, parse_program
 from rewriter.optimize import load_optimized, optimize_program
@@ -28,3 +33,29 @@ def test_activations_fuse_and_equal_subprograms_are_searched_once_with_their_own
     optimized.save(tmp_path / "saved")
     np.testing.assert_allclose(load_optimized(tmp_path / "saved")(X=x), want, rtol=1e-4, atol=1e-4)
     assert not (tmp_path / "saved.partial").exists()
+
+
+@pytest.mark.parametrize("name", ["srcnn", "gcn", *(pytest.param(n, marks=pytest.mark.slow) for n in ("infogan", "dcgan", "resnet18", "csrnet", "longformer"))])
+def test_every_zoo_model_optimizes_saves_and_runs_in_a_new_process(name, tmp_path):
+    """Issue acceptance, small sizes: each zoo model optimized end to end (search depth 1), saved,
+    then loaded and run by ``rewriter run`` in a fresh process, matching onnxruntime. The five
+    slower models (30-65 s each here) run with ``RUN_SLOW=1``."""
+    pytest.importorskip("onnx")
+    from rewriter import zoo
+    from rewriter.onnx_frontend import load_onnx
+
+    env = dict(os.environ, REWRITER_CACHE=str(tmp_path / "cache"))
+    out = tmp_path / name
+    optimize = [sys.executable, "-m", "rewriter.cli", "optimize", name, "--small", "--max-depth", "1",
+                "--subprogram-time-limit", "5", "--out", str(out)]
+    subprocess.run(optimize, check=True, env=env, capture_output=True)
+    model = load_onnx(zoo.build(name, small=True))
+    (input_name, shape), = model.inputs.items()
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    run = [sys.executable, "-m", "rewriter.cli", "run", str(out), "--input", f"{input_name}={tmp_path / 'x.npy'}",
+           "--out", str(tmp_path / "y.npy")]
+    subprocess.run(run, check=True, env=env, capture_output=True)
+    want = model.original({input_name: x})[model.outputs[0]]
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-3, atol=1e-3 * scale)
