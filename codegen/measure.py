@@ -156,12 +156,14 @@ def time_callable(
     ``repeats`` (default ``DEFAULT_REPEATS``) and together they took ``min_seconds``. If the run is
     noisy it is repeated once and the steadier run kept. ``max_seconds`` bounds the whole call
     loosely: once it has passed, no new warm-up, batch or sample starts, but at least one sample
-    is always taken.
+    is always taken; a first warm-up call that alone took ``max_seconds`` is that sample.
     """
     if warmup < 0 or (repeats is not None and repeats < 1) or max_seconds <= 0:
         raise ValueError("need warmup >= 0, repeats >= 1 and max_seconds > 0")
     deadline = time.perf_counter() + max_seconds
-    _warm_up(fn, warmup, deadline)
+    first_call = _warm_up(fn, warmup, deadline)
+    if first_call is not None and first_call >= max_seconds:
+        return summarise([first_call])  # one call outlasted the budget: one-off costs are noise next to it
     number = _calls_per_sample(fn, deadline)
     count = DEFAULT_REPEATS if repeats is None else repeats
     first = _run(fn, number, count, min_seconds, deadline)
@@ -171,12 +173,17 @@ def time_callable(
     return min(first, second, key=lambda t: t.spread)
 
 
-def _warm_up(fn: Callable[[], object], calls: int, deadline: float) -> None:
-    """Call ``fn`` up to ``calls`` times; the first always runs, the rest only before the deadline."""
+def _warm_up(fn: Callable[[], object], calls: int, deadline: float) -> float | None:
+    """Call ``fn`` up to ``calls`` times; the first always runs, the rest only before the
+    deadline. Returns the seconds of the first call (None when ``calls`` is 0)."""
+    first = None
     for i in range(calls):
         if i and time.perf_counter() >= deadline:
-            return
+            break
+        start = time.perf_counter()
         fn()
+        first = time.perf_counter() - start if first is None else first
+    return first
 
 
 def _calls_per_sample(fn: Callable[[], object], deadline: float) -> int:

@@ -77,6 +77,12 @@ def test_max_seconds_bounds_the_call_loosely():
     assert t.repeats >= 1
 
 
+def test_a_call_longer_than_the_budget_is_timed_once():
+    fn = Counter(0.2)
+    t = time_callable(fn, max_seconds=0.1)
+    assert fn.calls == 1 and t.repeats == 1 and 0.15 < t.median < 1.0
+
+
 def test_noisy_run_is_repeated_and_flagged():
     fn = Counter(0.001, 0.004)
     t = time_callable(fn, warmup=2, repeats=6, min_seconds=0)
