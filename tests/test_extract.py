@@ -7,7 +7,7 @@ from rewriter import evaluate, parse
 from rewriter.egraph import ExpressionGraph
 from rewriter.extract import extract
 from rewriter.fingerprint import canonical, fingerprint
-from rewriter.instantiate import instantiate
+from rewriter.instantiate import instantiate, postprocess
 from rewriter.search import explore
 from rewriter.testing import random_inputs
 from strategies import expressions
@@ -61,3 +61,28 @@ def test_extraction_is_sound_and_no_worse_than_any_search_state(expr):
     assert abs(cost(scope) - extracted) <= 1e-9 * extracted
     inputs = random_inputs(expr)
     np.testing.assert_allclose(evaluate(scope, inputs), evaluate(expr, inputs), rtol=1e-9, atol=1e-9)
+
+
+def test_derive_extraction_costs_measured_kernels_at_their_measured_time(tmp_path):
+    """Lazy measurement: a kernel codegen measured costs its measured seconds in extraction
+    (whatever its tensors are named); one not measured costs the analytic stand-in scaled by
+    the measured/analytic ratio of its kind."""
+    from codegen.measure import MeasurementDB
+    from codegen.program import compile_candidate
+    from rewriter import matmul
+    from rewriter.derive import _Extraction
+    from rewriter.ir import rename_tensors
+
+    expr = matmul((32, 16), (16, 48))
+    exploration = explore(expr, 0)
+    extraction = _Extraction(exploration.graph, expr, ())
+    own = canonical(expr)
+    analytic = postprocess(instantiate(own)).cost
+    assert extraction.cost(own) == analytic
+    program = compile_candidate(postprocess(instantiate(expr)), {"A": (32, 16), "B": (16, 48)}, db=MeasurementDB(tmp_path / "m.sqlite"))
+    program.measure()
+    extraction.learn(program)
+    (step,) = program.steps
+    assert extraction.cost(rename_tensors(own, {"A": "X", "B": "Y"})) == step.seconds
+    other = canonical(matmul((64, 16), (16, 48)))
+    assert abs(extraction.cost(other) - postprocess(instantiate(other)).cost * step.seconds / step.kernel.cost) < 1e-12
