@@ -57,7 +57,10 @@ class Step:
 
 @dataclass
 class CompiledProgram:
-    """A candidate program compiled for this CPU: ``program(**inputs) -> np.ndarray``."""
+    """A candidate program compiled for this CPU: ``program(**inputs) -> np.ndarray``.
+
+    Intermediate buffers are allocated on the first call and reused (the result is a new array
+    each call), so one program must not be called from two threads at once."""
 
     steps: list[Step]
     inputs: dict[str, tuple[int, ...]]
@@ -96,10 +99,18 @@ class CompiledProgram:
         for step in self.steps:
             if step.kernel.output in self.constants:
                 continue
-            out = aligned_empty(step.kernel.expr.shape, self.dtype)
+            out = aligned_empty(step.kernel.expr.shape, self.dtype) if step is self.steps[-1] else self._buffer(step)
             step.call(values, out)
             values[step.kernel.output] = out
         return values[self.output]
+
+    def _buffer(self, step: Step) -> np.ndarray:
+        """The preallocated buffer of an intermediate (kept between calls: allocating it afresh
+        costs page faults on every call; the result is always a new array)."""
+        buffers = self.__dict__.setdefault("_buffers", {})
+        if step.kernel.output not in buffers:
+            buffers[step.kernel.output] = aligned_empty(step.kernel.expr.shape, self.dtype)
+        return buffers[step.kernel.output]
 
     def bind(self, weights: Mapping[str, np.ndarray]) -> CompiledProgram:
         """Fix ``weights`` as constants and evaluate the kernels that read only them, once
