@@ -17,6 +17,7 @@ import time
 import numpy as np
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from .cases import PUBLIC_CASES, CASES
@@ -133,16 +134,23 @@ def cmd_optimize(args, console: Console) -> int:
     for column in ("subprogram", "state", "original ms", "optimized ms", "speedup", "kernels before/after", "search s"):
         table.add_column(column, no_wrap=True, justify="right" if column != "subprogram" else "left")
 
+    # a bar over the subprograms (search, compilation and measurement) with the time remaining
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        console=console, transient=True)
+    bar = progress.add_task("deriving, compiling, measuring", total=None)
+
     def report(sub, index, total):
         speedup = sub.original_s / sub.optimized_s if sub.optimized_s else float("nan")
         kinds = "+".join(k.kind for k in sub.program.kernels)
-        console.print(f"[{index + 1}/{total}] {sub.name}: {sub.state}, {sub.original_s * 1e3:.3f} -> {sub.optimized_s * 1e3:.3f} ms ({kinds})",
-                      markup=False, highlight=False)
+        progress.console.print(f"[{index + 1}/{total}] {sub.name}: {sub.state}, {sub.original_s * 1e3:.3f} -> "
+                               f"{sub.optimized_s * 1e3:.3f} ms ({kinds})", markup=False, highlight=False)
+        progress.update(bar, total=total, completed=index + 1)
         table.add_row(sub.name, sub.state, f"{sub.original_s * 1e3:.3f}", f"{sub.optimized_s * 1e3:.3f}", f"{speedup:.2f}x",
                       f"{sub.kernels_before}/{sub.kernels_after}", f"{sub.search_s:.1f}")
 
-    optimized = optimize_program(model.program, model.weights, max_depth=args.max_depth, time_limit=args.time_limit,
-                                 subprogram_time_limit=args.subprogram_time_limit, tune=args.tune, on_subprogram=report)
+    with progress:
+        optimized = optimize_program(model.program, model.weights, max_depth=args.max_depth, time_limit=args.time_limit,
+                                     subprogram_time_limit=args.subprogram_time_limit, tune=args.tune, on_subprogram=report)
     rng = np.random.default_rng(args.seed)
     feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in model.inputs.items()}
     want = model.original(feeds)

@@ -7,7 +7,12 @@ program. The identity candidate, the whole expression as one eOperator, is alway
 Each kept candidate is run on random inputs and compared with ``evaluate(expr)``; a mismatch is
 dropped and logged in ``rejected``, never returned. With the cpu backend the survivors are
 compiled (``codegen.program``), checked again and ranked by measured time; with the reference
-backend by the analytic stand-in ``Candidate.cost``.
+backend by the analytic stand-in ``Candidate.cost``. Above ``FULL_CHECK_TERMS`` the reference is
+evaluated on a few boxes of the output only, and the compiled programs are checked there.
+
+Extraction from the e-graph (``rewriter.extract``) adds the program that combines the cheapest
+form of every nested scope; with the cpu backend it runs again with the measured kernel times
+(lazy measurement: what it picks is compiled and measured, then it runs again).
 
 Guided derivation (section 5.2): the guided rules (operator layout, iterator merging) are applied
 to every scope that has an operator's shape but matches no table yet, up to ``guided_depth``
