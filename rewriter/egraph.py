@@ -37,6 +37,7 @@ associativity or commutativity: those blow the e-graph up.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass, fields
@@ -1061,6 +1062,12 @@ class ExpressionGraph:
         finally:
             self.stats.extract_seconds += time.perf_counter() - start
         return results
+
+    def serialize(self) -> dict:
+        """The whole e-graph as egglog serialises it: ``{"nodes": {id: {"op", "children",
+        "eclass", ...}}, ...}`` (children are node ids; extraction works on their e-classes)."""
+        self.flush()
+        return json.loads(self._raw.serialize([]).to_json())
 
     def expr(self, x: ScopeOrHandle) -> ScopeTerm:
         """The egglog-python expression ``ScopeTerm.ref(N)`` of a scope's e-class (adding the

@@ -35,9 +35,7 @@ class _SerialisedGraph:
     """E-nodes by e-class: each node's constructor (or literal) and its child e-classes."""
 
     def __init__(self, graph: ExpressionGraph):
-        graph.flush()
-        data = json.loads(graph.egraph._egraph.serialize([]).to_json())
-        nodes = data["nodes"]
+        nodes = graph.serialize()["nodes"]
         self.op = {key: node["op"] for key, node in nodes.items()}
         self.children = {key: [nodes[c]["eclass"] for c in node["children"]] for key, node in nodes.items()}
         self.members: dict[str, list[str]] = defaultdict(list)
