@@ -67,6 +67,7 @@ class CompiledProgram:
     dtype: str = "float32"
     source: object = field(default=None, repr=False)  # the search state the candidate came from
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # bound weight-only outputs
+    buffers: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)  # intermediates, reused
 
     @property
     def kernels(self) -> list[Kernel]:
@@ -107,10 +108,9 @@ class CompiledProgram:
     def _buffer(self, step: Step) -> np.ndarray:
         """The preallocated buffer of an intermediate (kept between calls: allocating it afresh
         costs page faults on every call; the result is always a new array)."""
-        buffers = self.__dict__.setdefault("_buffers", {})
-        if step.kernel.output not in buffers:
-            buffers[step.kernel.output] = aligned_empty(step.kernel.expr.shape, self.dtype)
-        return buffers[step.kernel.output]
+        if step.kernel.output not in self.buffers:
+            self.buffers[step.kernel.output] = aligned_empty(step.kernel.expr.shape, self.dtype)
+        return self.buffers[step.kernel.output]
 
     def bind(self, weights: Mapping[str, np.ndarray]) -> CompiledProgram:
         """Fix ``weights`` as constants and evaluate the kernels that read only them, once
