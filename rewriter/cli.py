@@ -129,7 +129,7 @@ def cmd_optimize(args, console: Console) -> int:
 
     source = zoo.build(args.model, small=args.small) if args.model in zoo.NAMES else args.model
     model = load_onnx(source)
-    console.print(f"{args.model}: {len(model.program.definitions)} subprograms, inputs {model.inputs}")
+    console.print(f"{args.model}: {len(model.program.definitions)} operators, inputs {model.inputs}")
     table = Table(title=f"{args.model}: optimized")
     for column in ("subprogram", "state", "original ms", "optimized ms", "speedup", "kernels before/after", "search s"):
         table.add_column(column, no_wrap=True, justify="right" if column != "subprogram" else "left")

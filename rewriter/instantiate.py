@@ -21,7 +21,22 @@ import numpy as np
 
 from .dsl import affine_index
 from .indexing import affine_coefficients, index_bounds
-from .ir import Access, Binary, Iterator, Scalar, Scope, Tensor, Unary, Var, map_accesses, nested_scopes, replace_reads, tensor_shapes
+from .ir import (
+    Access,
+    Binary,
+    IndexOp,
+    Iterator,
+    Scalar,
+    Scope,
+    Tensor,
+    Unary,
+    Var,
+    constant_value,
+    map_accesses,
+    nested_scopes,
+    replace_reads,
+    tensor_shapes,
+)
 from .reference import evaluate
 
 # The analytic stand-in for measured cost (seconds): a BLAS rate, a generated-kernel rate and
@@ -388,7 +403,7 @@ def instantiate(expr: Scope) -> Candidate:
     """Every scope of ``expr`` (innermost first) as a kernel; nested scopes become tensors."""
     kernels: list[Kernel] = []
     names = iter(f"T{k}" for k in range(1 << 30))
-    root = _lift(expr, kernels, names)
+    root = _lift(expr, kernels, names, {})
     _emit(root, "out", kernels, names)
     return Candidate(kernels)
 
@@ -425,22 +440,26 @@ def _emit(scope: Scope, output: str, kernels: list[Kernel], names) -> None:
     relaid = _split_layouts(scope) if wants_operator(scope) else None
     if relaid is not None:
         layouts: list[Kernel] = []
-        matched = _kernel(_lift(relaid, layouts, names), output)
+        matched = _kernel(_lift(relaid, layouts, names, {}), output)
         if matched.kind != "eop":
             kernels.extend(layouts)
             kernel = matched
     kernels.append(kernel)
 
 
-def _lift(scope: Scope, kernels: list[Kernel], names) -> Scope:
-    """``scope`` with each nested scope replaced by a read of a kernel's output tensor."""
+def _lift(scope: Scope, kernels: list[Kernel], names, emitted: dict) -> Scope:
+    """``scope`` with each nested scope replaced by a read of a kernel's output tensor. Equal
+    nested scopes (a softmax reads its row maximum twice) share one kernel: ``emitted`` maps
+    each lifted scope to the tensor that holds it."""
 
     def lift(access: Access) -> Scalar:
         if not isinstance(access.source, Scope):
             return access
-        inner = _lift(access.source, kernels, names)
-        name = next(names)
-        _emit(inner, name, kernels, names)
+        inner = _lift(access.source, kernels, names, emitted)
+        if inner not in emitted:
+            emitted[inner] = next(names)
+            _emit(inner, emitted[inner], kernels, names)
+        name = emitted[inner]
         # a kernel output is stored from 0; the scope was read in iterator coordinates
         shifted = tuple(ix - it.lo for ix, it in zip(access.indices, inner.traversal))
         return Access(Tensor(name, inner.shape), shifted)
@@ -455,10 +474,14 @@ def _lift(scope: Scope, kernels: list[Kernel], names) -> Scope:
 @lru_cache(maxsize=1 << 14)
 def _split_layouts(scope: Scope) -> Scope | None:
     """``scope`` reading each tensor whose indices look like ``d*e1 + e2`` (0 <= e2 < d) through a
-    layout scope that splits that dimension in two, ``X'[.., e2, e1, ..]``; None if none does.
+    layout scope that splits that dimension in two, ``X'[.., e2, e1, ..]``, and each tensor read
+    as ``X[.., e/c, .., e%c, ..]`` through one that merges the two dimensions, ``X'[.., e, ..]``;
+    None if no read needs either.
 
-    This is how a dilated band or convolution becomes a plain one after a split ``i = d*p + q``:
-    ``Y[i + d*w]`` reads ``Y'[q, p + w]``, and q joins the batch.
+    A split is how a dilated band or convolution becomes a plain one after a split
+    ``i = d*p + q``: ``Y[i + d*w]`` reads ``Y'[q, p + w]``, and q joins the batch. A merge is
+    how a summation over heads and head dimensions, ``T[k/64, i, k%64]`` (attention's output
+    projection), becomes one summation iterator k that a Matmul can take.
     """
     box = {it.name: (it.lo, it.hi) for it in scope.iterators}
     changed = False
@@ -467,14 +490,23 @@ def _split_layouts(scope: Scope) -> Scope | None:
         nonlocal changed
         if not isinstance(access.source, Tensor):
             return access
-        splits = [_dimension_split(ix, box, size) for ix, size in zip(access.indices, access.source.shape)]
-        if not any(splits):
+        merges = _dimension_merges(access.indices)
+        splits = [None if k in merges or k in merges.values() else _dimension_split(ix, box, size)
+                  for k, (ix, size) in enumerate(zip(access.indices, access.source.shape))]
+        if not any(splits) and not merges:
             return access
         changed = True
-        return _layout_read(access, splits)
+        return _layout_read(access, splits, merges)
 
     body = map_accesses(scope.body, relaid)
     return Scope(scope.traversal, scope.summation, body, scope.reduce) if changed else None
+
+
+def _dimension_merges(indices) -> dict[int, int]:
+    """{a: b} for each pair of positions read as ``e/c`` (at a) and ``e%c`` (at b), same e and c."""
+    quotients = {(ix.lhs, ix.rhs): k for k, ix in enumerate(indices) if isinstance(ix, IndexOp) and ix.op == "/"}
+    return {quotients[(ix.lhs, ix.rhs)]: k for k, ix in enumerate(indices)
+            if isinstance(ix, IndexOp) and ix.op == "%" and (ix.lhs, ix.rhs) in quotients}
 
 
 def _dimension_split(ix, box: dict, size: int):
@@ -498,20 +530,30 @@ def _dimension_split(ix, box: dict, size: int):
     return None
 
 
-def _layout_read(access: Access, splits) -> Access:
-    """The access through ``{ L .., q, j, .. ; X[.., d*j + q, ..] }[.., e2, e1, ..]``."""
-    traversal, reads, indices = [], [], []
-    for k, (ix, split, size) in enumerate(zip(access.indices, splits, access.source.shape)):
-        if split is None:
+def _layout_read(access: Access, splits, merges: dict[int, int]) -> Access:
+    """The access through a layout scope: a split dimension is read as ``X[.., d*j + q, ..]`` at
+    ``[.., e2, e1, ..]``; a merged pair as ``X[.., m/c, .., m%c, ..]`` at ``[.., e, ..]`` (m spans
+    the quotient's extent times c; beyond X, both forms read 0)."""
+    traversal, reads, indices = [], {}, []
+    shape = access.source.shape
+    for k, (ix, split, size) in enumerate(zip(access.indices, splits, shape)):
+        if k in merges.values():
+            continue  # read through the merged dimension at its quotient's position
+        if k in merges:
+            c = constant_value(ix.rhs)
+            traversal.append(Iterator(f"m{k}", 0, size * c))
+            reads[k], reads[merges[k]] = Var(f"m{k}") // c, Var(f"m{k}") % c
+            indices.append(ix.lhs)
+        elif split is None:
             traversal.append(Iterator(f"d{k}", 0, size))
-            reads.append(Var(f"d{k}"))
+            reads[k] = Var(f"d{k}")
             indices.append(ix)
-            continue
-        d, e1, e2, q_range, j_range = split
-        traversal += [Iterator(f"q{k}", *q_range), Iterator(f"j{k}", *j_range)]
-        reads.append(d * Var(f"j{k}") + Var(f"q{k}"))
-        indices += [e2, e1]
-    layout = Scope(tuple(traversal), (), access.source[tuple(reads)])
+        else:
+            d, e1, e2, q_range, j_range = split
+            traversal += [Iterator(f"q{k}", *q_range), Iterator(f"j{k}", *j_range)]
+            reads[k] = d * Var(f"j{k}") + Var(f"q{k}")
+            indices += [e2, e1]
+    layout = Scope(tuple(traversal), (), access.source[tuple(reads[k] for k in range(len(shape)))])
     return layout[tuple(indices)]
 
 

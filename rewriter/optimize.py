@@ -23,7 +23,7 @@ import numpy as np
 from .errors import ExpressionError
 from .fingerprint import fingerprint
 from .instantiate import Candidate, Kernel, instantiate
-from .ir import Program, Scope, nested_scopes, rename_tensors, tensor_shapes
+from .ir import Access, Program, Scope, nested_scopes, rename_tensors, tensor_shapes
 
 
 @dataclass
@@ -110,13 +110,18 @@ def load_optimized(directory: str | Path) -> OptimizedProgram:
 
 
 def fuse_elementwise(program: Program) -> Program:
-    """Fold producers into element-wise readers with the inter-expression rules (OLLIE 4.1,
-    5.4: an activation joins the operator before it, so its work fuses into that operator's
-    eOperator). A variant is taken when it has one definition fewer and the definition that
-    changed computed no sum of its own: fusing into a reader that sums would repeat the
-    producer's work per term, and would grow one subprogram to the whole model."""
+    """Fold producers into their readers with the inter-expression rules (OLLIE 4.1, 5.4: an
+    activation joins the operator before it, so its work fuses into that operator's eOperator).
+    A variant is taken when it has one definition fewer and the reader that changed computed no
+    sum of its own, or the producer is a view (its body one read: a reshape, a slice, an
+    unfold), which moves no work. Fusing arithmetic into a reader that sums would repeat it per
+    term, and would grow one subprogram to the whole model. The eager rules simplify every
+    definition first and after each fusion, so that a view is seen as one (a Slice + Concat
+    unfold merges into one read)."""
     from .dsl import registered
 
+    eager = registered("eager")
+    program = Program(tuple((name, _closed(expr, eager)) for name, expr in program.definitions), program.outputs)
     changed = True
     while changed:
         changed = False
@@ -126,12 +131,28 @@ def fuse_elementwise(program: Program) -> Program:
             for variant in rule_.apply(program):
                 after = dict(variant.definitions)
                 edited = [n for n, e in after.items() if before.get(n) != e]
-                if len(after) == len(before) - 1 and len(edited) == 1 and edited[0] in before and edited[0] not in summing:
-                    program, changed = variant, True
-                    break
+                removed = set(before) - set(after)
+                if len(after) != len(before) - 1 or len(edited) != 1 or edited[0] not in before or len(removed) != 1:
+                    continue
+                if edited[0] in summing and not _is_view(before[removed.pop()]):
+                    continue
+                closed = _closed(after[edited[0]], eager)
+                program = Program(tuple((n, closed if n == edited[0] else e) for n, e in variant.definitions), variant.outputs)
+                changed = True
+                break
             if changed:
                 break
     return program
+
+
+def _closed(expr: Scope, eager) -> Scope:
+    from .search import eager_closure
+
+    return eager_closure(expr, eager)[0]
+
+
+def _is_view(expr: Scope) -> bool:
+    return not expr.summation and isinstance(expr.body, Access)
 
 
 def _sums(expr: Scope) -> bool:

@@ -166,10 +166,14 @@ class _Budget:
         return None
 
 
-def eager_closure(expr: Scope, rules: Sequence[Rule], memo: dict | None = None, limit: int = 64) -> tuple[Scope, list[Step]]:
-    """Apply eager rules anywhere until none applies (each takes its first result)."""
+def eager_closure(expr: Scope, rules: Sequence[Rule], memo: dict | None = None, limit: int | None = None) -> tuple[Scope, list[Step]]:
+    """Apply eager rules anywhere until none applies (each takes its first result). ``limit``
+    bounds the steps (a guard against rules that undo each other); by default it grows with the
+    number of scopes, each of which may be inlined or simplified a few times."""
     steps: list[Step] = []
     memo = {} if memo is None else memo
+    if limit is None:
+        limit = 64 + 4 * sum(1 for _ in scopes_at(expr))
     for _ in range(limit):
         for position, scope, eager in ((p, s, r) for p, s in scopes_at(expr) for r in rules):
             key = (eager.name, scope)

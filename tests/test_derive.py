@@ -266,3 +266,25 @@ def test_sampled_reference_values_are_the_full_ones_in_each_box():
     assert len(check.expected) == 4 and all(want.shape == (16, 16) for _, want in check.expected)
     for box, want in check.expected:
         np.testing.assert_allclose(want, full[box])
+
+
+def test_a_summation_read_as_two_dimensions_is_merged_by_a_layout_eoperator_for_a_matmul():
+    """Attention's output projection reads the context as T[k/4, i, k%4] (heads x head size):
+    a layout eOperator merges the two dimensions, T'[k, i], and the product is a Matmul."""
+    expr = parse("L i:12, j:6 ; S k:8 ; T[k/4, i, k%4] * W[k, j]", {"T": (2, 12, 4), "W": (8, 6)})
+    candidate = instantiate(expr)
+    assert [k.kind for k in candidate.kernels] == ["eop", "matmul"]
+    assert str(candidate.kernels[0].expr) == "L m0:8, d1:12 ; T[m0/4, d1, m0%4]"
+    inputs = random_inputs(expr, 3)
+    np.testing.assert_allclose(candidate(**inputs), evaluate(expr, inputs), rtol=1e-9, atol=1e-9)
+
+
+def test_equal_nested_scopes_share_one_kernel():
+    """A softmax reads its row maximum in the numerator and in the denominator: one kernel."""
+    shapes = {"A": (4, 5)}
+    row_max = "{ L i:4 ; M r:5 ; A[i, r] }[i]"
+    expr = parse(f"L i:4, j:5 ; exp(A[i, j] - {row_max}) / {{ L i:4 ; S r:5 ; exp(A[i, r] - {row_max}) }}[i]", shapes)
+    candidate = instantiate(expr)
+    assert len(candidate.kernels) == 3 and str(candidate.kernels[0].expr) == "L i:4 ; M r:5 ; A[i, r]"
+    inputs = random_inputs(expr, 4)
+    np.testing.assert_allclose(candidate(**inputs), evaluate(expr, inputs), rtol=1e-9, atol=1e-9)

@@ -59,3 +59,21 @@ def test_every_zoo_model_optimizes_saves_and_runs_in_a_new_process(name, tmp_pat
     want = model.original({input_name: x})[model.outputs[0]]
     scale = max(1.0, float(np.abs(want).max()))
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-3, atol=1e-3 * scale)
+
+
+def test_the_longformer_unfold_fuses_into_its_band_products():
+    """The zoo's Longformer writes each band as Pad + 2W+1 Slices + Concat (ONNX has no band
+    operator). The eager rules merge each unfold into one affine read (a view), and views fuse
+    into the band products that read them: the G2BMM and GBMM read the K and V projections with
+    the band's row index ``b1+2*i-4`` (dilation 2, W = 2), and no slice is left."""
+    pytest.importorskip("onnx")
+    from rewriter import zoo
+    from rewriter.onnx_frontend import load_onnx
+    from rewriter.optimize import fuse_elementwise
+
+    model = load_onnx(zoo.build("longformer", small=True))
+    fused = fuse_elementwise(model.program)
+    assert len(fused.definitions) == 2
+    assert str(fused).count("+2*i-4") == 1 and str(fused).count("+2*k-4") == 1  # scores: slot i; context: slot k
+    feeds = model.feeds({"input": np.random.default_rng(0).standard_normal((1, 16, 8))})
+    np.testing.assert_allclose(evaluate(fused, feeds), evaluate(model.program, feeds), rtol=1e-9, atol=1e-9)

@@ -246,3 +246,51 @@ def test_summation_boundary_tightening_sums_a_transposed_convolution_over_its_ta
     assert assert_sound(rule_, expr) == 3  # x alone, y alone, both
     both = list(rule_.apply(expr))[-1]
     assert sorted(it.size for it in both.summation) == [3, 3, 4]
+
+
+def _unfold(n: int, start: int = 0) -> str:
+    """A Slice + Concat unfold as the ONNX front-end writes it: term j reads slice j of P."""
+    return " + ".join(f"P[i0, i1+{2 * j}, i2-{j - start}, i3]" for j in range(n)).replace("-0,", ",").replace("+0,", ",")
+
+
+def test_concatenation_of_shifted_slices_merges_into_one_affine_read():
+    """The Longformer zoo model's band, written with 2W+1 Slices and a Concat, becomes one read
+    of P whose row index moves with the band slot: the form G2BMM matching needs."""
+    from rewriter.search import eager_closure
+
+    e = parse(f"L i0:2, i1:16, i2:5, i3:4 ; {_unfold(5)}", {"P": (2, 24, 1, 4)})
+    assert assert_sound(RULES["concatenation merging"], e) == 1
+    closed, _ = eager_closure(e, registered("eager"))
+    assert str(closed) == "L i0:2, i1:16, i2:5, i3:4 ; P[i0, i1+2*i2, 0, i3]"
+
+
+def test_concatenation_merging_needs_consecutive_slices_of_one_source():
+    shapes = {"P": (2, 24, 1, 4), "Q": (2, 24, 1, 4)}
+    gap = parse("L i0:2, i1:16, i2:5, i3:4 ; P[i0, i1, i2, i3] + P[i0, i1+2, i2-2, i3]", shapes)
+    other = parse("L i0:2, i1:16, i2:5, i3:4 ; P[i0, i1, i2, i3] + P[i0, i1+2, i2-1, i3] + Q[i0, i1, i2, i3]", shapes)
+    wide = parse("L i0:2, i1:16, i2:5 ; P[i0, i1, 0, i2-1] + P[i0, i1+2, 0, i2-2]", shapes)  # axis 3 spans 4 points
+    for e in (gap, other, wide):
+        assert RULES["concatenation merging"].apply(e) == []
+
+
+@given(st.data())
+def test_concatenation_merging_is_sound_on_random_unfolds(data):
+    """Random sums of reads of one source, term j shifted by -j along a one-point axis p and by
+    j*s_k (random steps) along the others, in random order and partly outside the source."""
+    rank = data.draw(st.integers(2, 3))
+    p = data.draw(st.integers(0, rank - 1))
+    n = data.draw(st.integers(2, 5))
+    shape = tuple(1 if k == p else data.draw(st.integers(1, 5)) for k in range(rank))
+    sizes = [data.draw(st.integers(1, 6)) for _ in range(rank)]
+    steps = [data.draw(st.integers(-2, 2)) for _ in range(rank)]
+    shifts = [data.draw(st.integers(-2, 2)) for _ in range(rank)]
+    order = data.draw(st.permutations(range(n)))
+
+    def term(j):
+        indices = [f"x{k}-{j}+{shifts[k]}" if k == p else f"x{k}+{steps[k] * j + shifts[k]}" for k in range(rank)]
+        return f"P[{', '.join(indices)}]".replace("+-", "-")
+
+    traversal = ", ".join(f"x{k}:{size}" for k, size in enumerate(sizes))
+    e = parse(f"L {traversal} ; {' + '.join(term(j) for j in order)}", {"P": shape})
+    note(str(e))
+    assert assert_sound(RULES["concatenation merging"], e) == 1
