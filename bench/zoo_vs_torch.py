@@ -61,17 +61,22 @@ def _gemm(a_, b_, c=None, **a):
     return out + a.get("beta", 1.0) * c if c is not None else out
 
 
+def _ints(values) -> list[int]:
+    """An integer constant (shape, starts, pads): a tuple of ints, so torch.compile sees it as static."""
+    return [int(v) for v in values]
+
+
 def _slice(x, starts, ends, axes=None, steps=None, **a):
     index = [slice(None)] * x.dim()
-    axes = axes.tolist() if axes is not None else list(range(len(starts)))
-    steps = steps.tolist() if steps is not None else [1] * len(axes)
-    for axis, s, e, st in zip(axes, starts.tolist(), ends.tolist(), steps):
+    axes = _ints(axes) if axes is not None else list(range(len(starts)))
+    steps = _ints(steps) if steps is not None else [1] * len(axes)
+    for axis, s, e, st in zip(axes, _ints(starts), _ints(ends), steps):
         index[axis] = slice(s, e, st)
     return x[tuple(index)]
 
 
 def _pad(x, pads, value=None, **a):
-    pads = pads.tolist()
+    pads = _ints(pads)
     half = len(pads) // 2
     torch_pads = [p for axis in reversed(range(half)) for p in (pads[axis], pads[axis + half])]
     return F.pad(x, torch_pads, value=float(value) if value is not None else 0.0)
@@ -93,7 +98,7 @@ OPS = {
     "Relu": lambda x, **a: F.relu(x),
     "Tanh": lambda x, **a: torch.tanh(x),
     "BatchNormalization": lambda x, s, b, m, v, **a: F.batch_norm(x, m, v, s, b, eps=a.get("epsilon", 1e-5)),
-    "Reshape": lambda x, shape, **a: x.reshape([int(d) for d in shape.tolist()]),
+    "Reshape": lambda x, shape, **a: x.reshape(_ints(shape)),
     "Flatten": lambda x, **a: x.flatten(a.get("axis", 1)),
     "Transpose": lambda x, **a: x.permute(a["perm"]),
     "GlobalAveragePool": lambda x, **a: x.mean(dim=(2, 3), keepdim=True),
@@ -110,7 +115,10 @@ class TorchGraph:
 
     def __init__(self, model):
         self.nodes = [(n.op_type, list(n.input), list(n.output), _attrs(n)) for n in model.graph.node]
-        self.constants = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in model.graph.initializer}
+        arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        # integer constants (shapes, slice bounds, pads) as Python ints: static for torch.compile
+        self.constants = {name: tuple(int(v) for v in a.ravel()) if a.dtype.kind in "iu" else torch.from_numpy(a.copy())
+                          for name, a in arrays.items()}
         self.inputs = [i.name for i in model.graph.input if i.name not in self.constants]
         self.outputs = [o.name for o in model.graph.output]
 

@@ -1,7 +1,9 @@
 """Whole programs and models (OLLIE Algorithm 1, section 5.1): derive each subprogram, stitch.
 
 A front-end (``load_onnx``, ``from_torch``) gives a ``Program``: one definition per operator,
-non-linear activations their own definitions, so each definition is a subprogram. Each one is
+non-linear activations their own definitions. Parallel definitions that differ in one input
+merge into a batched one where it measures faster; element-wise definitions and views fuse into
+their neighbours; each remaining definition is a subprogram. Each one is
 derived with the cpu backend (compiled, verified, measured) with the model's constants named as
 weights, so layout eOperators on weights run once at build time (5.4). Subprograms that are equal
 up to tensor names (a repeated ResNet block) are derived once: they are renamed to positional
@@ -12,6 +14,7 @@ subprograms not reached yet run as their identity kernel, so a result is always 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -109,15 +112,53 @@ def load_optimized(directory: str | Path) -> OptimizedProgram:
     return OptimizedProgram(inputs, tuple(meta["outputs"]), subprograms)
 
 
+def merge_parallel(program: Program, cost: Callable[[Scope], float]) -> Program:
+    """Merge parallel definitions with the inter-expression rules (OLLIE 4.1, Figure 5): a
+    variant that computes n definitions by one new batched definition and reads them back as
+    views (attention's Q, K and V projections, which share their input) is taken where the
+    batched definition's ``cost`` (measured: its best derivation) is below the n definitions'
+    together. A stacked weight costs nothing: it is computed at build time."""
+    from .dsl import registered
+
+    tried: set = set()
+    changed = True
+    while changed:
+        changed = False
+        before = dict(program.definitions)
+        for rule_ in registered("inter"):
+            for variant in rule_.apply(program):
+                after = dict(variant.definitions)
+                added = set(after) - set(before)
+                replaced = frozenset(n for n, e in before.items() if after.get(n) != e)
+                if len(added) != 1 or len(after) != len(before) + 1 or replaced in tried:
+                    continue
+                (batched,) = added
+                if not replaced or not all(_is_view(after[n]) and _reads(after[n]) == {batched} for n in replaced):
+                    continue
+                tried.add(replaced)
+                if cost(after[batched]) < sum(cost(before[n]) for n in replaced):
+                    program, changed = variant, True
+                    break
+            if changed:
+                break
+    return program
+
+
+def _reads(expr: Scope) -> set[str]:
+    return set(tensor_shapes(expr))
+
+
 def fuse_elementwise(program: Program) -> Program:
     """Fold producers into their readers with the inter-expression rules (OLLIE 4.1, 5.4: an
     activation joins the operator before it, so its work fuses into that operator's eOperator).
     A variant is taken when it has one definition fewer and the reader that changed computed no
-    sum of its own, or the producer is a view (its body one read: a reshape, a slice, an
-    unfold), which moves no work. Fusing arithmetic into a reader that sums would repeat it per
-    term, and would grow one subprogram to the whole model. The eager rules simplify every
-    definition first and after each fusion, so that a view is seen as one (a Slice + Concat
-    unfold merges into one read)."""
+    sum of its own, or the producer is an unfolding view (its body one read, writing more
+    elements than its source holds: a band unfold, a broadcast), whose copy would cost more
+    than the reader reading the source directly. Fusing arithmetic into a reader that sums would
+    repeat it per term, and would grow one subprogram to the whole model; a reshape or a
+    transpose stays a copy that leaves the reader's operand in a layout operators match. The
+    eager rules simplify every definition first and after each fusion, so that a view is seen
+    as one (a Slice + Concat unfold merges into one read)."""
     from .dsl import registered
 
     eager = registered("eager")
@@ -134,7 +175,7 @@ def fuse_elementwise(program: Program) -> Program:
                 removed = set(before) - set(after)
                 if len(after) != len(before) - 1 or len(edited) != 1 or edited[0] not in before or len(removed) != 1:
                     continue
-                if edited[0] in summing and not _is_view(before[removed.pop()]):
+                if edited[0] in summing and not _unfolds(before[removed.pop()]):
                     continue
                 closed = _closed(after[edited[0]], eager)
                 program = Program(tuple((n, closed if n == edited[0] else e) for n, e in variant.definitions), variant.outputs)
@@ -155,6 +196,11 @@ def _is_view(expr: Scope) -> bool:
     return not expr.summation and isinstance(expr.body, Access)
 
 
+def _unfolds(expr: Scope) -> bool:
+    """A view that writes more elements than its source holds (each read several times)."""
+    return _is_view(expr) and math.prod(expr.shape) > math.prod(expr.body.source.shape)
+
+
 def _sums(expr: Scope) -> bool:
     return any(scope.summation for scope in (expr, *nested_scopes(expr)))
 
@@ -169,7 +215,8 @@ def optimize_program(
     tune: int = 0,
     on_subprogram: Callable[[Subprogram, int, int], None] | None = None,
 ) -> OptimizedProgram:
-    """Fuse element-wise definitions into their producers (``fuse_elementwise``), then derive
+    """Merge parallel definitions where that measures faster (``merge_parallel``), fuse
+    element-wise definitions and views into their neighbours (``fuse_elementwise``), then derive
     every definition of ``program`` (``weights``: the constant inputs, bound into the
     compiled programs), deduplicated, and stitch them. ``time_limit`` bounds the whole search,
     ``subprogram_time_limit`` each subprogram's;
@@ -187,11 +234,9 @@ def optimize_program(
     derived: dict[tuple, object] = {}
     subprograms: list[Subprogram] = []
     interrupted = False
-    program = fuse_elementwise(program)
+    program = fuse_elementwise(merge_parallel(program, lambda expr: _measured_cost(expr, weights, db)))
     for index, (name, expr) in enumerate(program.definitions):
-        arguments = {f"ARG{k}": tensor for k, tensor in enumerate(tensor_shapes(expr))}
-        positional = rename_tensors(expr, {t: a for a, t in arguments.items()})
-        constant = tuple(a for a, t in arguments.items() if t in weights)
+        positional, arguments, constant = _positional(expr, weights)
         key = (fingerprint(positional), positional.shape, tuple(tensor_shapes(positional).items()), constant)
         bound = {a: weights[t] for a, t in arguments.items() if t in weights}
         start = time.perf_counter()
@@ -225,3 +270,20 @@ def optimize_program(
             on_subprogram(sub, index, len(program.definitions))
     inputs = {n: s for n, s in program.inputs.items() if n not in weights}
     return OptimizedProgram(inputs, program.outputs, subprograms)
+
+
+def _positional(expr: Scope, weights) -> tuple[Scope, dict[str, str], tuple[str, ...]]:
+    """``expr`` over positional tensor names ``ARG0, ARG1, ..`` (so that equal definitions meet),
+    the names' meaning, and which are weights."""
+    arguments = {f"ARG{k}": tensor for k, tensor in enumerate(tensor_shapes(expr))}
+    positional = rename_tensors(expr, {t: a for a, t in arguments.items()})
+    return positional, arguments, tuple(a for a, t in arguments.items() if t in weights)
+
+
+def _measured_cost(expr: Scope, weights, db) -> float:
+    """Seconds of the best program ``derive`` finds for ``expr`` without explorative steps
+    (operator matching and layouts only), compiled and measured."""
+    from .derive import derive
+
+    positional, _, constant = _positional(expr, weights)
+    return derive(positional, 0, weights=constant, db=db).best.cost

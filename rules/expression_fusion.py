@@ -51,45 +51,69 @@ def _differ_in_one_input(first: Scope, second: Scope):
 
 @rule("expression merging (batch)", section="4.1", kind="inter", takes="program")
 def merge_into_batch(program: Program):
-    """Merge two expressions that differ only in one input into one batched expression (4.1):
+    """Merge n expressions that differ only in one input into one batched expression (4.1):
 
-        U1 = L x ; f(A1, B)    U2 = L x ; f(A2, B)
-    =>  UB = L b:2, x ; f(stack(A1, A2)[b, ...], B) ;  U1 = L x ; UB[0, x] ;  U2 = L x ; UB[1, x]
+        U1 = L x ; f(A1, B)  ...  Un = L x ; f(An, B)
+    =>  UB = L b:n, x ; f(stack(A1, .., An)[b, ...], B) ;  Uj = L x ; UB[j-1, x]
 
-    ``stack`` is a scope ``{ L b:2, d.. ; A1[d0+D*b, ..] + A2[d0+D*b-D, ..] }`` (each term is
-    in bounds for one b only), so several Matmuls sharing B become one BatchMatmul (Figure 5).
+    ``stack`` is a scope ``{ L b:n, d.. ; A1[d0+D*b, ..] + A2[d0+D*b-D, ..] + .. }`` (each term
+    is in bounds for one b only), so Matmuls sharing B become one BatchMatmul (Figure 5), and
+    the Q, K and V projections of attention one. For each definition, the later ones that
+    differ from it in the same input join it. The differing inputs must be program inputs (the
+    batched expression replaces the first one, where a later definition may not exist yet).
     """
     defs = program.definitions
-    for i in range(len(defs)):
-        for j in range(i + 1, len(defs)):
-            (n1, e1), (n2, e2) = defs[i], defs[j]
+    defined = dict(defs)
+    for i, (n1, e1) in enumerate(defs):
+        group, a = [], None
+        for n2, e2 in defs[i + 1 :]:
             pair = _differ_in_one_input(e1, e2)
-            if pair is None or n1 in tensor_shapes(e2) or n2 in tensor_shapes(e1):
+            if pair is None or pair[1] in defined or (a is not None and pair[0] != a):
                 continue
-            a, b = pair
-            shape = tensor_shapes(e1)[a]
-            dims = tuple(Iterator(f"d{k}", 0, size) for k, size in enumerate(shape))
-            batch = Iterator("b", 0, 2)
-            first = (Var("d0") + shape[0] * Var("b"),) + tuple(d.var for d in dims[1:])
-            second = (Var("d0") + shape[0] * Var("b") - shape[0],) + tuple(d.var for d in dims[1:])
-            stacked = Scope((batch,) + dims, (), Tensor(a, shape)[first] + Tensor(b, shape)[second])
-            taken = {it.name for it in e1.iterators}
-            bname = next(c for c in ("b", "bb", "batch", "b0") if c not in taken)
-            bvar = Var(bname)
-            batched = Scope(
-                (Iterator(bname, 0, 2),) + e1.traversal,
-                e1.summation,
-                replace_reads(e1.body, a, lambda ix: stacked[(bvar,) + tuple(ix)]),
-                e1.reduce,
-            )
-            merged_name = next(f"{n1}_{n2}{k or ''}" for k in range(100) if f"{n1}_{n2}{k or ''}" not in dict(defs))
-            def read(k):  # the merged tensor is stored from 0 along every axis
-                indices = (k,) + tuple(it.var - it.lo for it in e1.traversal)
-                return Scope(e1.traversal, (), Tensor(merged_name, batched.shape)[indices])
+            members = [n1, n2] + [n for n, _ in group]
+            if any(m in tensor_shapes(defined[o]) for m in members for o in members):
+                continue  # one reads another: not parallel
+            a = pair[0]
+            group.append((n2, pair[1]))
+        if not group or a in defined:
+            continue
+        stacked_inputs = [a] + [b for _, b in group]
+        yield _batched(program, i, [n1] + [n for n, _ in group], stacked_inputs)
 
-            definitions = list(defs[:i]) + [(merged_name, batched), (n1, read(0))] + [
-                d for d in defs[i + 1 :] if d[0] != n2
-            ]
-            position = [n for n, _ in definitions].index(n1) + 1
-            definitions.insert(position, (n2, read(1)))
-            yield Program(tuple(definitions), program.outputs)
+
+def _batched(program: Program, position: int, members: list[str], inputs: list[str]) -> Program:
+    """``program`` with the definitions ``members`` (equal but for reading ``inputs[j]``) computed
+    by one batched definition placed at ``position`` and read back as views."""
+    defs = program.definitions
+    first = dict(defs)[members[0]]
+    shape = tensor_shapes(first)[inputs[0]]
+    dims = tuple(Iterator(f"d{k}", 0, size) for k, size in enumerate(shape))
+    count = len(members)
+    terms = [Tensor(name, shape)[(Var("d0") + shape[0] * Var("b") - j * shape[0],) + tuple(d.var for d in dims[1:])]
+             for j, name in enumerate(inputs)]
+    stacked = Scope((Iterator("b", 0, count),) + dims, (), _sum(terms))
+    taken = {it.name for it in first.iterators}
+    bvar = Var(next(c for c in ("b", "bb", "batch", "b0") if c not in taken))
+    batched = Scope(
+        (Iterator(bvar.name, 0, count),) + first.traversal,
+        first.summation,
+        replace_reads(first.body, inputs[0], lambda ix: stacked[(bvar,) + tuple(ix)]),
+        first.reduce,
+    )
+    base = "_".join(members[:2]) + ("_etc" if count > 2 else "")
+    merged_name = next(f"{base}{k or ''}" for k in range(100) if f"{base}{k or ''}" not in dict(defs))
+
+    def read(k):  # the merged tensor is stored from 0 along every axis
+        indices = (k,) + tuple(it.var - it.lo for it in first.traversal)
+        return Scope(first.traversal, (), Tensor(merged_name, batched.shape)[indices])
+
+    kept = [d for d in defs if d[0] not in members]
+    views = [(name, read(k)) for k, name in enumerate(members)]
+    return Program(tuple(kept[:position] + [(merged_name, batched)] + views + kept[position:]), program.outputs)
+
+
+def _sum(terms):
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    return total
