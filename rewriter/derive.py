@@ -77,9 +77,10 @@ def derive(
 
     ``weights`` names the inputs that are model weights: kernels reading only them are marked for
     compile-time evaluation (post-processing, OLLIE 5.4). ``time_limit`` (seconds, 300 by default,
-    None for no limit) bounds the search and the candidate generation (half each): depth 7 on a
-    convolution does not finish in minutes on a small machine. Verification of the kept
-    candidates follows.
+    None for no limit) bounds the whole derivation: 40% for the search, 20% for candidate
+    generation, the rest for compiling and measuring (depth 7 on a convolution does not finish
+    in minutes on a small machine). Past the limit only the identity and, if none agreed yet,
+    one more candidate are still compiled, so a naive full-size kernel can overrun it.
 
     ``backend="cpu"`` (the default) compiles the verified candidates (BLAS for matched Matmuls,
     TVM for the rest, ``codegen.program``), checks each compiled program against the reference
@@ -93,11 +94,12 @@ def derive(
     if backend not in ("cpu", "reference"):
         raise ExpressionError(f"derive(): unknown backend {backend!r} (use 'cpu' or 'reference')")
     started = time.perf_counter()
-    # half the time budget explores; guided steps and instantiation take the next 40%, and
-    # extraction from the e-graph the rest
-    exploration = explore(expr, max_depth, time_limit=time_limit and time_limit / 2, max_states=max_states)
+    # 40% of the time budget explores, guided steps and instantiation take the next 20%, and
+    # compiling, measuring and extraction from the e-graph the rest (at full size a naive
+    # kernel takes seconds to compile and time)
+    exploration = explore(expr, max_depth, time_limit=time_limit and 0.4 * time_limit, max_states=max_states)
     deadline = None if time_limit is None else started + time_limit
-    candidates_until = None if time_limit is None else started + 0.9 * time_limit
+    candidates_until = None if time_limit is None else started + 0.6 * time_limit
     identity = Candidate([Kernel("eop", "out", expr)])
     as_given = postprocess(instantiate(expr), weights)  # the input's own scopes, instantiated
     found = {_key(as_given): as_given, _key(identity): identity}  # equal keys: the identity stays
@@ -122,6 +124,13 @@ def derive(
     except KeyboardInterrupt:  # Ctrl-C: what was found so far is still verified and returned
         exploration.stats.stop_reason = "interrupted"
     ranked = _diverse(sorted(found.values(), key=lambda c: c.cost))
+    for candidate in ranked[:keep]:  # the best again, with operands re-laid out for larger GEMMs
+        source = candidate.source.expr if candidate.source is not None else expr if candidate is as_given else None
+        relaid = source and _admitted(postprocess(instantiate(source, relayout=True), weights), identity, expr)
+        if relaid and _key(relaid) not in found:
+            relaid.source = candidate.source
+            found[_key(relaid)] = relaid
+    ranked = _diverse(sorted(found.values(), key=lambda c: c.cost))
     rng = np.random.default_rng(seed)
     inputs = {name: rng.uniform(-1, 1, shape) for name, shape in tensor_shapes(expr).items()}
     check = _Check(expr, inputs, exploration.stats, rtol, sampled=backend == "cpu" and _terms(expr) > FULL_CHECK_TERMS, rng=rng)
@@ -133,7 +142,7 @@ def derive(
             verified.append(candidate)
     verified.sort(key=lambda c: c.cost)
     if backend == "cpu":
-        verified = _compiled(check, verified, dtype, db, tune, extraction, deadline)
+        verified = _compiled(check, verified, dtype, db, tune, extraction, deadline, identity)
     return Derivation(expr, verified, exploration.stats, check.rejected)
 
 
@@ -227,13 +236,15 @@ def _narrowed(scope: Scope) -> Scope:
 EXTRACTION_ROUNDS = 3
 
 
-def _compiled(check: _Check, candidates: list[Candidate], dtype: str, db, tune: int, extraction, deadline):
+def _compiled(check: _Check, candidates: list[Candidate], dtype: str, db, tune: int, extraction, deadline, identity):
     """Each candidate compiled for this CPU, run and checked against the reference again (in
     ``dtype``), and measured; the result is ordered by measured time. A compiled program that
-    disagrees is dropped and its rule path logged in ``rejected``. Then extraction from the
-    e-graph with the measured kernel times (``_Extraction``) may choose a program not yet among
-    them: it is verified, compiled and measured in turn, up to ``EXTRACTION_ROUNDS`` times
-    while the time budget lasts."""
+    disagrees is dropped and its rule path logged in ``rejected``. Past the ``deadline`` only
+    the ``identity`` (the never-slower fallback) and, if none agreed yet, the next candidate
+    by analytic cost are still compiled: at full size one naive kernel takes seconds to
+    compile and time. Then extraction from the e-graph with the measured kernel times
+    (``_Extraction``) may choose a program not yet among them: it is verified, compiled and
+    measured in turn, up to ``EXTRACTION_ROUNDS`` times while the time budget lasts."""
     from codegen.measure import MeasurementDB
     from codegen.program import compile_candidate
 
@@ -252,6 +263,9 @@ def _compiled(check: _Check, candidates: list[Candidate], dtype: str, db, tune: 
                 extraction.learn(program)
 
     for candidate in candidates:
+        late = deadline is not None and time.perf_counter() > deadline
+        if late and compiled and candidate is not identity:
+            continue
         add(candidate)
     if not compiled:  # the identity compiles to one TVM kernel: this is a code generation bug
         raise RuntimeError(f"no compiled program for {check.expr} agrees with the reference:\n" + "\n".join(check.rejected))

@@ -399,12 +399,17 @@ class Candidate:
         return "\n".join(str(k) for k in self.kernels)
 
 
-def instantiate(expr: Scope) -> Candidate:
-    """Every scope of ``expr`` (innermost first) as a kernel; nested scopes become tensors."""
+def instantiate(expr: Scope, relayout: bool = False) -> Candidate:
+    """Every scope of ``expr`` (innermost first) as a kernel; nested scopes become tensors.
+
+    With ``relayout``, a product that matches only as a BatchMatmul of many small batches (or
+    no operator) reads its operands through layout eOperators that order their dimensions as
+    one larger Matmul wants (``_operand_layouts``): a copy against a better GEMM, which
+    measurement decides (``derive`` instantiates its best states both ways)."""
     kernels: list[Kernel] = []
     names = iter(f"T{k}" for k in range(1 << 30))
-    root = _lift(expr, kernels, names, {})
-    _emit(root, "out", kernels, names)
+    root = _lift(expr, kernels, names, {}, relayout)
+    _emit(root, "out", kernels, names, relayout)
     return Candidate(kernels)
 
 
@@ -433,7 +438,7 @@ def match_operator(scope: Scope) -> tuple[str, object]:
     return (band.kind, band) if band else ("eop", None)
 
 
-def _emit(scope: Scope, output: str, kernels: list[Kernel], names) -> None:
+def _emit(scope: Scope, output: str, kernels: list[Kernel], names, relayout: bool = False) -> None:
     """The kernel computing ``scope``; where no operator matches the operands as laid out but
     one matches them re-laid out (split dimensions), the layout eOperators come first."""
     kernel = _kernel(scope, output)
@@ -444,10 +449,22 @@ def _emit(scope: Scope, output: str, kernels: list[Kernel], names) -> None:
         if matched.kind != "eop":
             kernels.extend(layouts)
             kernel = matched
+    relaid = _operand_layouts(kernel.expr) if relayout and _batches(kernel) > 1 else None
+    if relaid is not None:
+        layouts = []
+        matched = _kernel(_lift(relaid, layouts, names, {}), output)
+        if _batches(matched) < _batches(kernel):
+            kernels.extend(layouts)
+            kernel = matched
     kernels.append(kernel)
 
 
-def _lift(scope: Scope, kernels: list[Kernel], names, emitted: dict) -> Scope:
+def _batches(kernel: Kernel) -> float:
+    """How many GEMMs the kernel is (infinite for one that is no GEMM)."""
+    return kernel.match.a.shape[0] if kernel.kind in ("matmul", "batch_matmul") else math.inf
+
+
+def _lift(scope: Scope, kernels: list[Kernel], names, emitted: dict, relayout: bool = False) -> Scope:
     """``scope`` with each nested scope replaced by a read of a kernel's output tensor. Equal
     nested scopes (a softmax reads its row maximum twice) share one kernel: ``emitted`` maps
     each lifted scope to the tensor that holds it."""
@@ -455,10 +472,10 @@ def _lift(scope: Scope, kernels: list[Kernel], names, emitted: dict) -> Scope:
     def lift(access: Access) -> Scalar:
         if not isinstance(access.source, Scope):
             return access
-        inner = _lift(access.source, kernels, names, emitted)
+        inner = _lift(access.source, kernels, names, emitted, relayout)
         if inner not in emitted:
             emitted[inner] = next(names)
-            _emit(inner, emitted[inner], kernels, names)
+            _emit(inner, emitted[inner], kernels, names, relayout)
         name = emitted[inner]
         # a kernel output is stored from 0; the scope was read in iterator coordinates
         shifted = tuple(ix - it.lo for ix, it in zip(access.indices, inner.traversal))
@@ -500,6 +517,36 @@ def _split_layouts(scope: Scope) -> Scope | None:
 
     body = map_accesses(scope.body, relaid)
     return Scope(scope.traversal, scope.summation, body, scope.reduce) if changed else None
+
+
+@lru_cache(maxsize=1 << 12)
+def _operand_layouts(scope: Scope) -> Scope | None:
+    """``scope`` (a summed product of two tensor reads) reading each operand indexed by distinct
+    plain iterators through a layout scope in the order traversal iterators (output order),
+    then summation iterators: ``A[n, c, x, y]`` under ``L x, y, n, f ; S c`` becomes
+    ``{ L x, y, n, c ; A[n, c, x, y] }[x, y, n, c]``, where (x, y, n) is one GEMM dimension.
+    None if no operand changes."""
+    body = scope.body
+    if not (isinstance(body, Binary) and body.op == "*" and scope.summation):
+        return None
+    order = [it.name for it in scope.traversal + scope.summation]
+    sizes = {it.name: it for it in scope.iterators}
+    changed = False
+
+    def relaid(access: Access) -> Scalar:
+        nonlocal changed
+        names = [ix.name for ix in access.indices if isinstance(ix, Var)]
+        if not isinstance(access.source, Tensor) or len(set(names)) != len(access.indices):
+            return access
+        wanted = sorted(names, key=order.index)
+        if wanted == names or any(sizes[n].lo != 0 or sizes[n].hi != d for n, d in zip(names, access.source.shape)):
+            return access  # in order already, or not a whole-tensor permutation
+        changed = True
+        layout = Scope(tuple(Iterator(n, 0, sizes[n].hi) for n in wanted), (), access)
+        return layout[tuple(Var(n) for n in wanted)]
+
+    relaid_body = map_accesses(body, relaid)
+    return Scope(scope.traversal, scope.summation, relaid_body, scope.reduce) if changed else None
 
 
 def _dimension_merges(indices) -> dict[int, int]:

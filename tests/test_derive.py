@@ -288,3 +288,19 @@ def test_equal_nested_scopes_share_one_kernel():
     assert len(candidate.kernels) == 3 and str(candidate.kernels[0].expr) == "L i:4 ; M r:5 ; A[i, r]"
     inputs = random_inputs(expr, 4)
     np.testing.assert_allclose(candidate(**inputs), evaluate(expr, inputs), rtol=1e-9, atol=1e-9)
+
+
+def test_a_batch_of_small_gemms_becomes_one_matmul_through_an_operand_layout():
+    """A transposed convolution's product (DCGAN's, NCHW input): (x, y) batch GEMMs of n rows.
+    Re-laid out as A'[x, y, n, c], (x, y, n) is one GEMM dimension and one Matmul computes it;
+    ``derive`` keeps both forms for measurement to choose."""
+    shapes = {"A": (3, 5, 2, 2), "K": (5, 4, 3, 3)}
+    expr = parse("L x:2, y:2, n:3, f:4, t:-1..2, t1:-1..2 ; S c:5 ; A[n, c, x, y] * K[c, f, t+1, t1+1]", shapes)
+    assert [k.kind for k in instantiate(expr).kernels] == ["batch_matmul"]
+    relaid = instantiate(expr, relayout=True)
+    assert [k.kind for k in relaid.kernels] == ["eop", "matmul"]
+    assert str(relaid.kernels[0].expr) == "L x:2, y:2, n:3, c:5 ; A[n, c, x, y]"
+    inputs = random_inputs(expr, 5)
+    np.testing.assert_allclose(relaid(**inputs), evaluate(expr, inputs), rtol=1e-9, atol=1e-9)
+    kinds = [[k.kind for k in c.kernels] for c in derive(expr, max_depth=0, backend="reference").candidates]
+    assert ["batch_matmul"] in kinds and ["eop", "matmul"] in kinds
