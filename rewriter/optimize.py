@@ -2,8 +2,8 @@
 
 A front-end (``load_onnx``, ``from_torch``) gives a ``Program``: one definition per operator,
 non-linear activations their own definitions. Parallel definitions that differ in one input
-merge into a batched one where it measures faster; element-wise definitions and views fuse into
-their neighbours; each remaining definition is a subprogram. Each one is
+merge into a batched one where it measures faster; element-wise definitions and unfolding views
+fuse into their neighbours; each remaining definition is a subprogram. Each one is
 derived with the cpu backend (compiled, verified, measured) with the model's constants named as
 weights, so layout eOperators on weights run once at build time (5.4). Subprograms that are equal
 up to tensor names (a repeated ResNet block) are derived once: they are renamed to positional
@@ -216,7 +216,8 @@ def optimize_program(
     on_subprogram: Callable[[Subprogram, int, int], None] | None = None,
 ) -> OptimizedProgram:
     """Merge parallel definitions where that measures faster (``merge_parallel``), fuse
-    element-wise definitions and views into their neighbours (``fuse_elementwise``), then derive
+    element-wise definitions and unfolding views into their neighbours (``fuse_elementwise``),
+    then derive
     every definition of ``program`` (``weights``: the constant inputs, bound into the
     compiled programs), deduplicated, and stitch them. ``time_limit`` bounds the whole search,
     ``subprogram_time_limit`` each subprogram's;
@@ -234,7 +235,11 @@ def optimize_program(
     derived: dict[tuple, object] = {}
     subprograms: list[Subprogram] = []
     interrupted = False
-    program = fuse_elementwise(merge_parallel(program, lambda expr: _measured_cost(expr, weights, db)))
+    try:
+        program = merge_parallel(program, lambda expr: _measured_cost(expr, weights, db))
+    except KeyboardInterrupt:  # Ctrl-C: nothing merged; every subprogram runs as written
+        interrupted = True
+    program = fuse_elementwise(program)
     for index, (name, expr) in enumerate(program.definitions):
         positional, arguments, constant = _positional(expr, weights)
         key = (fingerprint(positional), positional.shape, tuple(tensor_shapes(positional).items()), constant)
