@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -53,6 +53,14 @@ class Step:
         shapes = sorted(tensor_shapes(self.kernel.expr).items())
         schedule = self.compiled.schedule if self.compiled else None
         return signature("kernel", self.impl, self.kernel.kind, self.kernel.expr, shapes, dtype, schedule)
+
+    def renamed(self, names: Mapping[str, str], dtype: str) -> Step:
+        """This call over renamed tensors: the same compiled code and measured time."""
+        kernel = self.kernel.renamed(dict(names))
+        if self.impl == "tvm":
+            compiled = self.compiled.renamed(kernel.expr)
+            return Step(kernel, "tvm", _tvm_call(compiled), compiled, self.seconds)
+        return replace(_step(kernel, self.impl, dtype), seconds=self.seconds)
 
 
 @dataclass
@@ -88,6 +96,11 @@ class CompiledProgram:
         return [s for s in self.steps if not s.kernel.weight_only and s.kernel.output not in self.constants]
 
     def __call__(self, **inputs) -> np.ndarray:
+        return self.run(inputs)[self.output]
+
+    def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] = ()) -> dict[str, np.ndarray]:
+        """Every tensor's value after one run on ``inputs``. The last kernel's output and
+        ``outputs`` are new arrays; other intermediates live in reused buffers."""
         missing = sorted(set(self.inputs) - set(inputs) - set(self.constants))
         if missing:
             raise ExpressionError(f"missing input tensor(s): {', '.join(missing)}")
@@ -97,13 +110,14 @@ class CompiledProgram:
                 if np.shape(inputs[name]) != tuple(shape):
                     raise ExpressionError(f"input {name} has shape {np.shape(inputs[name])}, the program expects {tuple(shape)}")
                 values[name] = _aligned(inputs[name], self.dtype)
+        fresh = {self.output, *outputs}
         for step in self.steps:
             if step.kernel.output in self.constants:
                 continue
-            out = aligned_empty(step.kernel.expr.shape, self.dtype) if step is self.steps[-1] else self._buffer(step)
+            out = aligned_empty(step.kernel.expr.shape, self.dtype) if step.kernel.output in fresh else self._buffer(step)
             step.call(values, out)
             values[step.kernel.output] = out
-        return values[self.output]
+        return values
 
     def _buffer(self, step: Step) -> np.ndarray:
         """The preallocated buffer of an intermediate (kept between calls: allocating it afresh
@@ -274,28 +288,89 @@ def _fastest(kernel: Kernel, dtype: str, db: MeasurementDB | None, tune: int) ->
     return options[0]
 
 
-def _fused(steps: list[Step], dtype: str, db: MeasurementDB | None, tune: int) -> list[Step]:
+def _fused(steps: list[Step], dtype: str, db: MeasurementDB | None, tune: int,
+           producers: Callable[[str], bool] = lambda output: True, check: bool = False,
+           log: list[Fusion] | None = None) -> list[Step]:
     """eOperator fusion by measurement (OLLIE 5.4 post-processing): an eOperator read only by
     one later eOperator is fused into it when the fused kernel takes less time than the two
     apart. A weight-only producer runs once at build time and counts as free; two weight-only
-    kernels fuse without measuring (one temporary fewer)."""
+    kernels fuse without measuring (one temporary fewer). Only producers whose output
+    ``producers`` accepts are fused; with ``check``, a fused kernel whose results differ from
+    the two apart (on random inputs) is refused; ``log`` receives each fusion made."""
     steps, refused = list(steps), set()
     while True:
         for producer, consumer in fusion_pairs([s.kernel for s in steps]):
             apart = [steps[producer], steps[consumer]]
             pair = tuple(s.kernel.output for s in apart)
-            if pair in refused:
+            if pair in refused or not producers(pair[0]):
                 continue
             kernel = fuse(*(s.kernel for s in apart))
             fused = _fastest(kernel, dtype, db, tune)
+            timed = [s for s in apart if not s.kernel.weight_only]
             if not kernel.weight_only:
-                timed = [s for s in apart if not s.kernel.weight_only]
                 CompiledProgram([fused, *timed], {}, dtype).measure(db)
                 if fused.seconds >= sum(s.seconds for s in timed):
                     refused.add(pair)
                     continue
+            if check and not _same_results(fused, apart, dtype):
+                refused.add(pair)
+                continue
+            if log is not None:
+                log.append(Fusion(*pair, sum(s.seconds or 0.0 for s in timed), fused.seconds or 0.0))
             steps[consumer] = fused
             del steps[producer]
             break
         else:
             return steps
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """One eOperator fusion made by post-processing: ``producer`` computed inside ``consumer``."""
+
+    producer: str
+    consumer: str
+    seconds_apart: float
+    seconds_fused: float
+
+
+def _same_results(fused: Step, apart: list[Step], dtype: str, seed: int = 0) -> bool:
+    """The fused kernel computes what the two kernels apart compute, on random inputs."""
+    rng = np.random.default_rng(seed)
+    values = {n: _aligned(rng.uniform(-1, 1, s), dtype) for n, s in tensor_shapes(fused.kernel.expr).items()}
+    want = dict(values)
+    for step in apart:
+        want[step.kernel.output] = aligned_empty(step.kernel.expr.shape, dtype)
+        step.call(want, want[step.kernel.output])
+    got = aligned_empty(fused.kernel.expr.shape, dtype)
+    fused.call(values, got)
+    expected = want[apart[-1].kernel.output]
+    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+    return bool(np.allclose(got, expected, rtol=1e-3, atol=1e-3 * scale))
+
+
+def stitch(parts: Sequence[tuple[CompiledProgram, Mapping[str, str]]], inputs: Mapping[str, tuple[int, ...]]) -> CompiledProgram:
+    """One program that runs ``parts`` one after another (OLLIE Algorithm 1: the best program
+    of every subprogram, stitched), each part's tensors renamed by its mapping: its inputs and
+    output to the model's tensors, its temporaries to names of their own. Bound constants come
+    along renamed; nothing is compiled or measured again."""
+    steps: list[Step] = []
+    constants: dict[str, np.ndarray] = {}
+    dtypes = {program.dtype for program, _ in parts}
+    if len(dtypes) > 1:
+        raise ValueError(f"stitch: the parts have different dtypes {sorted(dtypes)}")
+    for program, names in parts:
+        steps += [step.renamed(names, program.dtype) for step in program.steps]
+        constants.update({names.get(n, n): value for n, value in program.constants.items()})
+    return CompiledProgram(steps, dict(inputs), dtypes.pop(), constants=constants)
+
+
+def fuse_boundaries(program: CompiledProgram, boundaries: set[str], db: MeasurementDB | None = None,
+                    tune: int = 0) -> tuple[CompiledProgram, list[Fusion]]:
+    """Post-processing across the parts of a stitched program (OLLIE 5.4, Figure 9): an
+    eOperator that ends one part and is read only by an eOperator of a later one is fused into
+    it where the fused kernel measures faster and computes the same values. ``boundaries``: the
+    tensors the parts hand over (not the model's outputs, which must stay)."""
+    log: list[Fusion] = []
+    steps = _fused(program.steps, program.dtype, db, tune, producers=boundaries.__contains__, check=True, log=log)
+    return replace(program, steps=steps, constants=dict(program.constants), buffers={}), log

@@ -613,6 +613,13 @@ class TvmKernel:
         self._module = module  # keeps the loaded library alive while its function is in use
         self._function = module["main"]
 
+    def renamed(self, scope: Scope) -> TvmKernel:
+        """The same machine code for ``scope``, this kernel's scope with its tensors renamed
+        (arguments are passed by position, in the order the scope first reads them)."""
+        if list(tensor_shapes(scope).values()) != list(self.inputs.values()) or scope.shape != self.shape:
+            raise ValueError(f"TvmKernel.renamed: {scope} is not {self.scope} renamed")
+        return TvmKernel(scope, self.dtype, self.schedule, self.target, self._module, self.path, self.from_cache)
+
     def __call__(self, **arrays) -> np.ndarray:
         values = {name: aligned_copy(value, self.dtype) for name, value in self._checked(arrays).items()}
         out = aligned_empty(self.shape, self.dtype)

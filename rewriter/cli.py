@@ -121,7 +121,6 @@ def cmd_derive(args, console: Console) -> int:
 def cmd_optimize(args, console: Console) -> int:
     """OLLIE Algorithm 1 on a model: import, derive every subprogram, verify, save, report."""
     import json
-    from pathlib import Path
 
     from . import zoo
     from .onnx_frontend import load_onnx
@@ -141,9 +140,8 @@ def cmd_optimize(args, console: Console) -> int:
 
     def report(sub, index, total):
         speedup = sub.original_s / sub.optimized_s if sub.optimized_s else float("nan")
-        kinds = "+".join(k.kind for k in sub.program.kernels)
         progress.console.print(f"[{index + 1}/{total}] {sub.name}: {sub.state}, {sub.original_s * 1e3:.3f} -> "
-                               f"{sub.optimized_s * 1e3:.3f} ms ({kinds})", markup=False, highlight=False)
+                               f"{sub.optimized_s * 1e3:.3f} ms ({'+'.join(sub.kernels)})", markup=False, highlight=False)
         progress.update(bar, total=total, completed=index + 1)
         table.add_row(sub.name, sub.state, f"{sub.original_s * 1e3:.3f}", f"{sub.optimized_s * 1e3:.3f}", f"{speedup:.2f}x",
                       f"{sub.kernels_before}/{sub.kernels_after}", f"{sub.search_s:.1f}")
@@ -160,32 +158,20 @@ def cmd_optimize(args, console: Console) -> int:
         error = float(np.abs(value - want[name]).max()) / max(1.0, float(np.abs(want[name]).max()))
         if error > 1e-3:
             raise ExpressionError(f"optimized {name} disagrees with the original model (relative error {error:.2e}); nothing saved")
+    for fusion in optimized.fusions:  # post-processing across subprograms
+        table.add_row(f"fused {fusion.producer} into {fusion.consumer}", "post", f"{fusion.seconds_apart * 1e3:.3f}",
+                      f"{fusion.seconds_fused * 1e3:.3f}", f"{fusion.seconds_apart / fusion.seconds_fused:.2f}x", "2/1", "")
     total_before = sum(s.original_s for s in optimized.subprograms)
-    total_after = sum(s.optimized_s for s in optimized.subprograms)
-    table.add_row("total", "", f"{total_before * 1e3:.3f}", f"{total_after * 1e3:.3f}", f"{total_before / total_after:.2f}x", "", "")
+    table.add_row("total", "", f"{total_before * 1e3:.3f}", f"{optimized.cost * 1e3:.3f}", f"{total_before / optimized.cost:.2f}x",
+                  f"{sum(s.kernels_before for s in optimized.subprograms)}/{len(optimized.program.kernels)}", "")
     console.print(table)
     if args.out:
-        out = optimized.save(args.out)
+        from codegen.measure import default_path
+
         meta = {"model": args.model, "names": model.names, "inputs": model.inputs, "outputs": list(model.outputs)}
-        (Path(out) / "onnx.json").write_text(json.dumps(meta, indent=1))
-        with open(Path(out) / "stats.jsonl", "w") as stats:
-            for sub in optimized.subprograms:
-                stats.write(json.dumps({"subprogram": sub.name, "state": sub.state, "original_s": sub.original_s,
-                                        "optimized_s": sub.optimized_s, "search_s": sub.search_s,
-                                        "kernels": [k.kind for k in sub.program.kernels]}) + "\n")
-        _copy_measurements(Path(out) / "measurements.sqlite")
+        out = optimized.save(args.out, extra={"onnx.json": json.dumps(meta, indent=1)}, measurements=default_path())
         console.print(f"saved to {out}")
     return 0
-
-
-def _copy_measurements(target) -> None:
-    """A snapshot of the measurement database beside the program (sqlite's online backup)."""
-    import sqlite3
-
-    from codegen.measure import default_path
-
-    with sqlite3.connect(default_path()) as source, sqlite3.connect(target) as copy:
-        source.backup(copy)
 
 
 def _load_saved(directory):

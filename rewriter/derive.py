@@ -16,7 +16,10 @@ form of every nested scope; with the cpu backend it runs again with the measured
 
 Guided derivation (section 5.2): the guided rules (operator layout, iterator merging) are applied
 to every scope that has an operator's shape but matches no table yet, up to ``guided_depth``
-steps, free of ``max_depth``. Post-processing (5.4) drops identity eOperators, fuses an
+steps, free of ``max_depth``. The best candidates are instantiated again with operands
+re-laid out for larger GEMMs, and with their summing eOperators made lighter: each replaced by
+the explorative rule result that sums over fewest points (an OffsetAdd over every input
+position tightened to the taps that meet the kernel), also free of ``max_depth``. Post-processing (5.4) drops identity eOperators, fuses an
 eOperator into its only (eOperator) reader (with the cpu backend: where the fused kernel
 measures faster), and marks weight-only kernels.
 """
@@ -33,7 +36,7 @@ from .dsl import registered
 from .errors import ExpressionError
 from .extract import extract
 from .fingerprint import fingerprint
-from .instantiate import Candidate, Kernel, instantiate, postprocess, rename_tensor, wants_operator
+from .instantiate import Candidate, Kernel, instantiate, match_operator, postprocess, rename_tensor, wants_operator
 from .indexing import index_bounds
 from .ir import Access, Iterator, Program, Scope, Tensor, map_accesses, nested_scopes, rename_tensors, tensor_shapes
 from .reference import evaluate
@@ -103,9 +106,7 @@ def derive(
     identity = Candidate([Kernel("eop", "out", expr)])
     as_given = postprocess(instantiate(expr), weights)  # the input's own scopes, instantiated
     found = {_key(as_given): as_given, _key(identity): identity}  # equal keys: the identity stays
-    guided = registered("guided")
-    memo: dict = {}  # eager rule results per scope, shared by every guided step
-    eager = registered("eager")
+    guide = _Guide(registered("guided"), registered("explorative"), registered("eager"))
     seen = {state.fingerprint for state in exploration.states}
     extraction = _Extraction(exploration.graph, expr, weights) if exploration.graph is not None else None
     try:
@@ -113,7 +114,7 @@ def derive(
             if candidates_until is not None and time.perf_counter() > candidates_until:
                 exploration.stats.stop_reason = "time"
                 break
-            for derived in [state, *_guided(state, guided, eager, memo, seen, guided_depth)]:
+            for derived in [state, *_guided(state, guide, seen, guided_depth)]:
                 candidate = _admitted(postprocess(instantiate(derived.expr), weights), identity, expr)
                 if candidate is not None:
                     candidate.source = derived
@@ -124,12 +125,16 @@ def derive(
     except KeyboardInterrupt:  # Ctrl-C: what was found so far is still verified and returned
         exploration.stats.stop_reason = "interrupted"
     ranked = _diverse(sorted(found.values(), key=lambda c: c.cost))
-    for candidate in ranked[:keep]:  # the best again, with operands re-laid out for larger GEMMs
-        source = candidate.source.expr if candidate.source is not None else expr if candidate is as_given else None
-        relaid = source and _admitted(postprocess(instantiate(source, relayout=True), weights), identity, expr)
-        if relaid and _key(relaid) not in found:
-            relaid.source = candidate.source
-            found[_key(relaid)] = relaid
+    for candidate in ranked[:keep]:  # the best again: lighter eOperators, operands re-laid out for larger GEMMs
+        source = State(expr, (), fingerprint(expr)) if candidate is as_given else candidate.source
+        if source is None:
+            continue
+        lighter = _lightened(source, guide)
+        for state, relayout in ((source, True), (lighter, False), (lighter, True)):
+            again = state and _admitted(postprocess(instantiate(state.expr, relayout=relayout), weights), identity, expr)
+            if again and _key(again) not in found:
+                again.source = state
+                found[_key(again)] = again
     ranked = _diverse(sorted(found.values(), key=lambda c: c.cost))
     rng = np.random.default_rng(seed)
     inputs = {name: rng.uniform(-1, 1, shape) for name, shape in tensor_shapes(expr).items()}
@@ -407,30 +412,76 @@ def _key(candidate: Candidate) -> tuple:
     return tuple((k.kind, k.output, fingerprint(k.expr)) for k in candidate.kernels)
 
 
-def _guided(state: State, guided, eager, memo: dict, seen: set, depth: int) -> list[State]:
+@dataclass
+class _Guide:
+    """What guided derivation (OLLIE 5.2) proposes for one scope, memoised (states share most
+    of their scopes): the guided rules' results where the scope has an operator's shape but
+    matches no operator table yet (``proposals``), and the explorative rule result that makes
+    a summing eOperator sum over the fewest points (``lighter``)."""
+
+    guided: list
+    explorative: list
+    eager: list
+    memo: dict = field(default_factory=dict)  # eager rule results per scope
+    proposed: dict = field(default_factory=dict)
+    lightest: dict = field(default_factory=dict)
+
+    def proposals(self, scope: Scope) -> list:
+        if scope not in self.proposed:
+            self.proposed[scope] = [(r, x) for r in self.guided for x in r.apply(scope)] if wants_operator(scope) else []
+        return self.proposed[scope]
+
+    def lighter(self, scope: Scope) -> tuple | None:
+        if scope not in self.lightest:
+            found = []
+            if scope.summation and match_operator(scope)[0] == "eop":
+                found = [(_terms(x), k, r, x) for r in self.explorative for k, x in enumerate(r.apply(scope))]
+            best = min(found, default=None, key=lambda f: f[:2])
+            self.lightest[scope] = best[2:] if best and best[0] < _terms(scope) else None
+        return self.lightest[scope]
+
+
+def _lightened(source, guide: _Guide, steps: int = 8):
+    """``source`` (a search state or an extracted form) with each scope that will be a summing
+    eOperator replaced, one at a time, by the explorative rule result that sums over fewest
+    points, while one gets lighter (at most ``steps`` times); None when none does. A guided
+    step: an OffsetAdd tightened to the taps that meet the kernel pays for itself whatever
+    path reached it, so it does not wait for a depth that path has used up."""
+    expr, path = source.expr, ()
+    for _ in range(steps):
+        found = next(((p, l) for p, scope in scopes_at(expr) if (l := guide.lighter(scope))), None)
+        if found is None:
+            break
+        position, (rule_, result) = found
+        step = replace_at(expr, position, result)
+        expr, eager_steps = eager_closure(step, guide.eager, guide.memo)
+        path += (Step(rule_.name, "guided", position, step), *eager_steps)
+    if not path:
+        return None
+    return State(expr, source.path + path, fingerprint(expr)) if isinstance(source, State) else _Extracted(expr)
+
+
+def _guided(state: State, guide: _Guide, seen: set, depth: int) -> list[State]:
     """Guided derivation (OLLIE 5.2): from ``state``, up to ``depth`` guided steps, each applied
     only to scopes that have an operator's shape but match no operator table yet. Guided steps
     do not count against ``max_depth``; states already seen are not walked again."""
     found, frontier = [], [state]
     for _ in range(depth):
-        frontier = [s for s in _guided_steps(frontier, guided, eager, memo) if s.fingerprint not in seen]
+        frontier = [s for s in _guided_steps(frontier, guide) if s.fingerprint not in seen]
         seen.update(s.fingerprint for s in frontier)
         found += frontier
     return found
 
 
-def _guided_steps(states: list[State], guided, eager, memo: dict) -> list[State]:
+def _guided_steps(states: list[State], guide: _Guide) -> list[State]:
     results = []
     for state in states:
         for position, scope in scopes_at(state.expr):
-            if not wants_operator(scope):
-                continue
-            for rule_ in guided:
-                for result in rule_.apply(scope):
-                    expr = replace_at(state.expr, position, result)
-                    closed, eager_steps = eager_closure(expr, eager, memo)
-                    path = state.path + (Step(rule_.name, rule_.kind, position, expr), *eager_steps)
-                    results.append(State(closed, path, fingerprint(closed)))
+            for rule_, result in guide.proposals(scope):
+                expr = replace_at(state.expr, position, result)
+                closed, eager_steps = eager_closure(expr, guide.eager, guide.memo)
+                path = state.path + (Step(rule_.name, "guided", position, expr), *eager_steps)
+                results.append(State(closed, path, fingerprint(closed)))
     return results
 
 

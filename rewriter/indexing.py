@@ -640,6 +640,12 @@ def _padding_support(scope: Scope) -> tuple:
     )
 
 
+def read_bounds(source: Tensor | Scope) -> list[tuple[int, int]]:
+    """Per dimension, the half-open range outside of which a read of ``source`` gives 0: a
+    tensor's extent, or a nested scope's padding support."""
+    return [(0, d) for d in source.shape] if isinstance(source, Tensor) else list(padding_support(source).values())
+
+
 def vanishes_outside(body: Scalar, box: Sequence[Iterator], ix: Index, lo: int, hi: int) -> bool:
     """Whether ``body`` is 0 at every point of ``box`` where ``ix`` leaves [lo, hi) (exact, isl).
 
@@ -664,8 +670,7 @@ def _support_condition(body: Scalar, rename: Mapping[str, str]) -> str | None:
     """
     match body:
         case Access(source, indices):
-            bounds = [(0, d) for d in source.shape] if isinstance(source, Tensor) else list(padding_support(source).values())
-            parts = [f"{lo} <= {isl_index(ix, rename)} < {hi}" for ix, (lo, hi) in zip(indices, bounds)]
+            parts = [f"{lo} <= {isl_index(ix, rename)} < {hi}" for ix, (lo, hi) in zip(indices, read_bounds(source))]
             return "(" + " and ".join(parts) + ")" if parts else None
         case Num(value):
             return "false" if value == 0 else None

@@ -14,7 +14,7 @@ inputs. Its ``cost`` is an analytic stand-in (flops and bytes) that measured tim
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -34,6 +34,7 @@ from .ir import (
     constant_value,
     map_accesses,
     nested_scopes,
+    rename_tensors,
     replace_reads,
     tensor_shapes,
 )
@@ -355,6 +356,10 @@ class Kernel:
             return Kernel("eop", self.output, expr, None, self.weight_only)
         matched = _kernel(expr, self.output)
         return Kernel(matched.kind, self.output, expr, matched.match, self.weight_only)
+
+    def renamed(self, names: dict[str, str]) -> Kernel:
+        """The same kernel reading and writing the tensors ``names`` maps to (others unchanged)."""
+        return replace(self, output=names.get(self.output, self.output)).with_expr(rename_tensors(self.expr, names))
 
     def __str__(self) -> str:
         marks = " (weights only)" if self.weight_only else ""

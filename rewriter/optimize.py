@@ -1,4 +1,5 @@
-"""Whole programs and models (OLLIE Algorithm 1, section 5.1): derive each subprogram, stitch.
+"""Whole programs and models (OLLIE Algorithm 1, section 5.1): derive each subprogram, stitch,
+post-process.
 
 A front-end (``load_onnx``, ``from_torch``) gives a ``Program``: one definition per operator,
 non-linear activations their own definitions. Parallel definitions that differ in one input
@@ -7,8 +8,11 @@ fuse into their neighbours; each remaining definition is a subprogram. Each one 
 derived with the cpu backend (compiled, verified, measured) with the model's constants named as
 weights, so layout eOperators on weights run once at build time (5.4). Subprograms that are equal
 up to tensor names (a repeated ResNet block) are derived once: they are renamed to positional
-names ``ARG0, ARG1, ...`` and fingerprinted. Ctrl-C or the time budget stops the search; the
-subprograms not reached yet run as their identity kernel, so a result is always written.
+names ``ARG0, ARG1, ...`` and fingerprinted. The best program of every subprogram is stitched
+into one compiled program over the model's tensors, and post-processing fuses an eOperator that
+ends one subprogram into the eOperator of the next that alone reads it, where the fused kernel
+measures faster (5.4, Figure 9). Ctrl-C or the time budget stops the search; the subprograms not
+reached yet run as their identity kernel, so a result is always written.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -31,11 +35,11 @@ from .ir import Access, Program, Scope, nested_scopes, rename_tensors, tensor_sh
 
 @dataclass
 class Subprogram:
-    """One definition of the program and the compiled program that computes it."""
+    """One definition of the program: how it was derived, and what that measured."""
 
     name: str
     expr: Scope
-    program: object  # codegen.program.CompiledProgram over positional names
+    kernels: tuple[str, ...]  # the kinds of its derived program's kernels, in order
     arguments: dict[str, str]  # positional name -> the program's tensor name
     state: str  # "derived", "reused" (an equal subprogram was derived), "identity" (not searched)
     original_s: float  # the definition as one TVM kernel, measured
@@ -46,54 +50,79 @@ class Subprogram:
 
     @property
     def kernels_after(self) -> int:
-        return len(self.program.kernels)
-
-    def run(self, values: Mapping[str, np.ndarray]) -> np.ndarray:
-        return self.program(**{arg: values[name] for arg, name in self.arguments.items() if arg not in self.program.constants})
+        return len(self.kernels)
 
 
 @dataclass
 class OptimizedProgram:
-    """A program whose definitions run as derived, compiled programs; callable on its inputs."""
+    """A program whose subprograms' derived programs are stitched into one compiled ``program``
+    (post-processed across their boundaries: ``fusions``); callable on the model's inputs."""
 
     inputs: dict[str, tuple[int, ...]]
     outputs: tuple[str, ...]
     subprograms: list[Subprogram]
+    program: object  # codegen.program.CompiledProgram over the model's tensor names
+    fusions: list = field(default_factory=list)  # codegen.program.Fusion, across subprograms
+
+    @property
+    def cost(self) -> float:
+        """Measured seconds per run: the stitched program's kernels."""
+        return self.program.cost
 
     def __call__(self, **inputs) -> np.ndarray | tuple:
         missing = sorted(set(self.inputs) - set(inputs))
         if missing:
             raise ExpressionError(f"missing input tensor(s): {', '.join(missing)}")
-        values = dict(inputs)
-        for sub in self.subprograms:
-            values[sub.name] = sub.run(values)
+        values = self.program.run(inputs, self.outputs)
         outs = tuple(values[name] for name in self.outputs)
         return outs[0] if len(outs) == 1 else outs
 
-    def save(self, directory: str | Path) -> Path:
-        """Programs, their libraries and bound weights, and ``model.json``; written to a temporary
-        folder first and renamed, so an interrupted save leaves no half-written ``directory``."""
+    def stats(self) -> list[dict]:
+        """One row per subprogram, then one per fusion across subprograms (``stats.jsonl``)."""
+        rows = [{"subprogram": s.name, "state": s.state, "original_s": s.original_s, "optimized_s": s.optimized_s,
+                 "search_s": s.search_s, "kernels": list(s.kernels)} for s in self.subprograms]
+        return rows + [{"fused": f.producer, "into": f.consumer, "apart_s": f.seconds_apart, "fused_s": f.seconds_fused}
+                       for f in self.fusions]
+
+    def save(self, directory: str | Path, extra: Mapping[str, str] | None = None,
+             measurements: str | Path | None = None) -> Path:
+        """The stitched program (kernels, libraries, bound weights), ``model.json``, ``stats.jsonl``,
+        the ``extra`` text files and a snapshot of the ``measurements`` database; written to a
+        temporary folder first and renamed, so an interrupted save leaves no half-written
+        ``directory``."""
         directory = Path(directory)
         partial = directory.with_name(directory.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-        entries = []
-        for index, sub in enumerate(self.subprograms):
-            sub.program.save(partial / f"sub{index}")
-            entries.append({"name": sub.name, "expr": str(sub.expr), "shapes": tensor_shapes(sub.expr), "program": f"sub{index}",
-                            "arguments": sub.arguments, "state": sub.state, "original_s": sub.original_s,
-                            "optimized_s": sub.optimized_s, "search_s": sub.search_s, "explain": sub.explain,
-                            "kernels_before": sub.kernels_before})
-        meta = {"inputs": self.inputs, "outputs": self.outputs, "subprograms": entries}
+        self.program.save(partial / "program")
+        entries = [{"name": s.name, "expr": str(s.expr), "shapes": tensor_shapes(s.expr), "kernels": list(s.kernels),
+                    "arguments": s.arguments, "state": s.state, "original_s": s.original_s, "optimized_s": s.optimized_s,
+                    "search_s": s.search_s, "explain": s.explain, "kernels_before": s.kernels_before}
+                   for s in self.subprograms]
+        meta = {"inputs": self.inputs, "outputs": self.outputs, "subprograms": entries,
+                "fusions": [f.__dict__ for f in self.fusions]}
         (partial / "model.json").write_text(json.dumps(meta, indent=1))
+        (partial / "stats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in self.stats()))
+        for name, text in (extra or {}).items():
+            (partial / name).write_text(text)
+        if measurements is not None:
+            _snapshot(measurements, partial / "measurements.sqlite")
         shutil.rmtree(directory, ignore_errors=True)
         partial.rename(directory)
         return directory
 
 
+def _snapshot(database: str | Path, target: Path) -> None:
+    """A copy of an sqlite database that may be in use (sqlite's online backup)."""
+    import sqlite3
+
+    with sqlite3.connect(database) as source, sqlite3.connect(target) as copy:
+        source.backup(copy)
+
+
 def load_optimized(directory: str | Path) -> OptimizedProgram:
     """An optimized program saved by ``OptimizedProgram.save``: runs without searching."""
-    from codegen.program import load
+    from codegen.program import Fusion, load
 
     from .parser import parse
 
@@ -104,12 +133,12 @@ def load_optimized(directory: str | Path) -> OptimizedProgram:
         raise ExpressionError(f"{directory}: not an optimized model ({err})") from None
     subprograms = []
     for e in meta["subprograms"]:
-        program = load(directory / e["program"])
         expr = parse(e["expr"], {n: tuple(s) for n, s in e["shapes"].items()})
-        subprograms.append(Subprogram(e["name"], expr, program, e["arguments"], e["state"], e["original_s"], e["optimized_s"],
-                                      e["search_s"], e["explain"], e["kernels_before"]))
+        subprograms.append(Subprogram(e["name"], expr, tuple(e["kernels"]), e["arguments"], e["state"], e["original_s"],
+                                      e["optimized_s"], e["search_s"], e["explain"], e["kernels_before"]))
     inputs = {n: tuple(s) for n, s in meta["inputs"].items()}
-    return OptimizedProgram(inputs, tuple(meta["outputs"]), subprograms)
+    fusions = [Fusion(**f) for f in meta["fusions"]]
+    return OptimizedProgram(inputs, tuple(meta["outputs"]), subprograms, load(directory / "program"), fusions)
 
 
 def merge_parallel(program: Program, cost: Callable[[Scope], float]) -> Program:
@@ -215,66 +244,101 @@ def optimize_program(
     tune: int = 0,
     on_subprogram: Callable[[Subprogram, int, int], None] | None = None,
 ) -> OptimizedProgram:
-    """Merge parallel definitions where that measures faster (``merge_parallel``), fuse
-    element-wise definitions and unfolding views into their neighbours (``fuse_elementwise``),
-    then derive
-    every definition of ``program`` (``weights``: the constant inputs, bound into the
-    compiled programs), deduplicated, and stitch them. ``time_limit`` bounds the whole search,
-    ``subprogram_time_limit`` each subprogram's;
-    ``tune`` races that many TVM schedules per generated kernel;
-    ``on_subprogram(sub, k, n)`` reports progress."""
+    """OLLIE Algorithm 1. Merge parallel definitions where that measures faster
+    (``merge_parallel``), fuse element-wise definitions and unfolding views into their
+    neighbours (``fuse_elementwise``), derive every definition of ``program`` (``weights``: the
+    constant inputs, bound into the compiled programs), deduplicated, stitch the best programs
+    into one, and post-process it: eOperators fuse across subprogram boundaries where that
+    measures faster (``codegen.program.fuse_boundaries``). ``time_limit`` bounds the whole
+    search, ``subprogram_time_limit`` each subprogram's; ``tune`` races that many TVM schedules
+    per generated kernel; ``on_subprogram(sub, k, n)`` reports progress."""
     from codegen.measure import MeasurementDB
-    from codegen.program import CompiledProgram, compile_candidate
-
-    from .derive import derive
+    from codegen.program import fuse_boundaries, stitch
 
     if not isinstance(program, Program):
         raise ExpressionError(f"optimize_program() takes a Program, got {type(program).__name__}")
     db = MeasurementDB()
     deadline = None if time_limit is None else time.perf_counter() + time_limit
-    derived: dict[tuple, object] = {}
-    subprograms: list[Subprogram] = []
     interrupted = False
     try:
         program = merge_parallel(program, lambda expr: _measured_cost(expr, weights, db))
     except KeyboardInterrupt:  # Ctrl-C: nothing merged; every subprogram runs as written
         interrupted = True
     program = fuse_elementwise(program)
+    derived: dict[tuple, tuple] = {}
+    subprograms, parts = [], []
+    taken = set(program.inputs) | {name for name, _ in program.definitions}
     for index, (name, expr) in enumerate(program.definitions):
-        positional, arguments, constant = _positional(expr, weights)
-        key = (fingerprint(positional), positional.shape, tuple(tensor_shapes(positional).items()), constant)
-        bound = {a: weights[t] for a, t in arguments.items() if t in weights}
-        start = time.perf_counter()
-        if key in derived:  # searched once already: same kernels, this subprogram's weights
-            first, original_s, explain = derived[key]
-            shared = CompiledProgram(first.steps, first.inputs, first.dtype, first.source).bind(bound)
-            sub = Subprogram(name, expr, shared, arguments, "reused", original_s, shared.cost, 0.0, explain)
-        else:
-            remaining = None if deadline is None else deadline - time.perf_counter()
-            budget = min((t for t in (remaining, subprogram_time_limit) if t is not None), default=None)
-            if interrupted or (remaining is not None and remaining <= 0):
-                identity = compile_candidate(Candidate([Kernel("eop", "out", positional)]), tensor_shapes(positional), db=db)
-                identity.measure(db)
-                sub = Subprogram(name, expr, identity.bind(bound), arguments, "identity", identity.cost, identity.cost, 0.0, "not searched")
-            else:
-                try:
-                    derivation = derive(positional, max_depth, time_limit=budget, weights=constant, db=db, tune=tune)
-                except KeyboardInterrupt:  # the rest runs as identity kernels; this one unsearched
-                    interrupted = True
-                    derivation = derive(positional, 0, weights=constant, db=db)
-                best = derivation.best
-                as_written = (p for p in derivation.candidates if p.source is None and [k.kind for k in p.kernels] == ["eop"])
-                identity = next(as_written, best)  # (dropped only if its compiled form disagreed)
-                explain = derivation.explain(best)
-                derived[key] = (best, identity.cost, explain)
-                own = CompiledProgram(best.steps, best.inputs, best.dtype, best.source).bind(bound)
-                sub = Subprogram(name, expr, own, arguments, "derived", identity.cost, best.cost, time.perf_counter() - start, explain)
-        sub.kernels_before = len(instantiate(expr).kernels)
+        remaining = None if deadline is None else deadline - time.perf_counter()
+        budget = min((t for t in (remaining, subprogram_time_limit) if t is not None), default=None)
+        searched = not interrupted and (budget is None or budget > 0)
+        try:
+            sub, compiled = _subprogram(name, expr, weights, derived, db, max_depth if searched else None, budget, tune)
+        except KeyboardInterrupt:  # this one and the rest run as written
+            interrupted = True
+            sub, compiled = _subprogram(name, expr, weights, derived, db, None, None, tune)
         subprograms.append(sub)
+        parts.append((compiled, _global_names(sub, compiled, taken)))
         if on_subprogram:
             on_subprogram(sub, index, len(program.definitions))
     inputs = {n: s for n, s in program.inputs.items() if n not in weights}
-    return OptimizedProgram(inputs, program.outputs, subprograms)
+    stitched, fusions = stitch(parts, inputs), []
+    if not interrupted and (deadline is None or time.perf_counter() < deadline):
+        try:
+            boundaries = {name for name, _ in program.definitions} - set(program.outputs)
+            stitched, fusions = fuse_boundaries(stitched, boundaries, db, tune)
+        except KeyboardInterrupt:  # Ctrl-C: the stitched program as derived
+            pass
+    return OptimizedProgram(inputs, program.outputs, subprograms, stitched, fusions)
+
+
+def _subprogram(name: str, expr: Scope, weights, derived: dict, db, max_depth: int | None, budget: float | None, tune: int):
+    """The subprogram ``name = expr`` derived (``max_depth`` None: as written, one TVM kernel),
+    or reused from ``derived`` (equal subprograms up to tensor names), and its compiled program
+    over positional names with its weights bound."""
+    from codegen.program import CompiledProgram, compile_candidate
+
+    from .derive import derive
+
+    positional, arguments, constant = _positional(expr, weights)
+    key = (fingerprint(positional), positional.shape, tuple(tensor_shapes(positional).items()), constant)
+    bound = {a: weights[t] for a, t in arguments.items() if t in weights}
+    kernels_before = len(instantiate(expr).kernels)
+    start = time.perf_counter()
+    if key in derived:  # searched once already: same kernels, this subprogram's weights
+        first, original_s, explain = derived[key]
+        compiled = CompiledProgram(first.steps, first.inputs, first.dtype, first.source).bind(bound)
+        state, search_s = "reused", 0.0
+    elif max_depth is None:
+        compiled = compile_candidate(Candidate([Kernel("eop", "out", positional)]), tensor_shapes(positional), db=db)
+        compiled.measure(db)
+        compiled.bind(bound)
+        state, search_s, original_s, explain = "identity", 0.0, compiled.cost, "not searched"
+    else:
+        derivation = derive(positional, max_depth, time_limit=budget, weights=constant, db=db, tune=tune)
+        best = derivation.best
+        as_written = (p for p in derivation.candidates if p.source is None and [k.kind for k in p.kernels] == ["eop"])
+        original_s = next(as_written, best).cost  # (the identity is dropped only if its compiled form disagreed)
+        explain = derivation.explain(best)
+        derived[key] = (best, original_s, explain)
+        compiled = CompiledProgram(best.steps, best.inputs, best.dtype, best.source).bind(bound)
+        state, search_s = "derived", time.perf_counter() - start
+    kinds = tuple(k.kind for k in compiled.kernels)
+    sub = Subprogram(name, expr, kinds, arguments, state, original_s, compiled.cost, search_s, explain, kernels_before)
+    return sub, compiled
+
+
+def _global_names(sub: Subprogram, compiled, taken: set[str]) -> dict[str, str]:
+    """How a subprogram's compiled program names its tensors in the stitched program: its
+    arguments and output as the model does, each temporary ``<subprogram>_<temporary>``."""
+    names = dict(sub.arguments)
+    for kernel in compiled.kernels[:-1]:
+        fresh = next(f"{sub.name}_{kernel.output}{k or ''}" for k in range(len(taken) + 1)
+                     if f"{sub.name}_{kernel.output}{k or ''}" not in taken)
+        names[kernel.output] = fresh
+        taken.add(fresh)
+    names[compiled.output] = sub.name
+    return names
 
 
 def _positional(expr: Scope, weights) -> tuple[Scope, dict[str, str], tuple[str, ...]]:

@@ -1,8 +1,8 @@
 """Boundary relaxing and tightening (OLLIE section 4.2, Table 1)."""
 
 from rewriter.dsl import affine_index, fresh_name, rule
-from rewriter.indexing import affine_coefficients, index_bounds, padding_support, vanishes_outside
-from rewriter.ir import Iterator, Scope, Tensor, Var, accesses, nested_reads, replace_subterm, substitute
+from rewriter.indexing import affine_coefficients, index_bounds, padding_support, read_bounds, vanishes_outside
+from rewriter.ir import Iterator, Scope, Var, accesses, nested_reads, replace_subterm, substitute
 
 
 def _with_box(scope: Scope, box: dict) -> Scope:
@@ -65,8 +65,9 @@ def tighten_summation(scope: Scope):
 
         L h ; S x:X ; f(x) * K[e(h) - k*x]   =>   L h ; S x':ceil(R/k) ; f(e(h)/k - x') * K[e(h)%k + k*x']
 
-    where K's dimension has size R. A transposed convolution written naively sums over every
-    input position x although only about R/k of them meet the kernel at each h. islpy checks
+    where K's dimension has size R (K a tensor, or a nested scope non-zero on R points of it:
+    the OffsetAdd that sums a Matmul's shifted tiles). A transposed convolution written naively
+    sums over every input position x although only about R/k of them meet the kernel at each h. islpy checks
     both directions: the body is 0 wherever x' leaves [0, ceil(R/k)), and wherever the new x
     leaves x's old range. Sums only. One result per tightenable iterator, and one for all.
     """
@@ -84,13 +85,14 @@ def _offset_plan(scope: Scope, it: Iterator):
     traversal = {t.name for t in scope.traversal}
     taken = {i.name for i in scope.iterators}
     for access in accesses(scope.body):
-        if not isinstance(access.source, Tensor):
-            continue
-        for ix, size in zip(access.indices, access.source.shape):
+        for ix, (lo, hi) in zip(access.indices, read_bounds(access.source)):
             form = affine_coefficients(ix)
             if form is None or form[0].get(it.name, 0) == 0:
                 continue
             coefficients, constant = form
+            size, constant = hi - lo, constant - lo  # the read as an index into [0, size)
+            if size <= 0:
+                continue  # reads only zeros: nothing to sum over
             c, rest = coefficients[it.name], {v: k for v, k in coefficients.items() if v != it.name}
             if not rest or not set(rest) <= traversal:
                 continue

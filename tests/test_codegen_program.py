@@ -140,3 +140,81 @@ def test_eoperator_fusion_is_kept_only_where_it_measures_faster(tmp_path, fused_
     assert len(program.kernels) == kernels
     a = np.random.default_rng(0).uniform(-1, 1, (64, 48))
     _close(program(A=a), (2 * a + 1).T)
+
+
+def _two_parts(db):
+    """Part one: ``out = relu(ARG0 @ ARG1)`` (a BLAS matmul, then an eOperator); part two:
+    ``out = 3 * ARG0^T`` (one eOperator); stitched as H = relu(X @ W), Y = 3 * H^T."""
+    from rewriter import parse
+    from rewriter.instantiate import Candidate, Kernel
+
+    first = compile_candidate(Candidate([
+        Kernel("eop", "T0", parse("L i:8, j:6 ; S k:5 ; ARG0[i, k] * ARG1[k, j]", {"ARG0": (8, 5), "ARG1": (5, 6)})),
+        Kernel("eop", "out", parse("L i:8, j:6 ; relu(T0[i, j])", {"T0": (8, 6)})),
+    ]), {"ARG0": (8, 5), "ARG1": (5, 6)}, db=db)
+    second = compile_candidate(Candidate([Kernel("eop", "out", parse("L j:6, i:8 ; 3 * ARG0[i, j]", {"ARG0": (8, 6)}))]),
+                               {"ARG0": (8, 6)}, db=db)
+    first.measure(db), second.measure(db)
+    w = np.random.default_rng(1).uniform(-1, 1, (5, 6))
+    first.bind({"ARG1": w})
+    parts = [(first, {"ARG0": "X", "ARG1": "W", "T0": "H_T0", "out": "H"}), (second, {"ARG0": "H", "out": "Y"})]
+    return parts, w
+
+
+def test_stitched_parts_run_over_the_models_names_with_their_constants_renamed(tmp_path):
+    from codegen.program import stitch
+
+    parts, w = _two_parts(MeasurementDB(tmp_path / "m.sqlite"))
+    program = stitch(parts, {"X": (8, 5)})
+    assert [k.output for k in program.kernels] == ["H_T0", "H", "Y"] and set(program.constants) == {"W"}
+    assert program.cost == pytest.approx(sum(p.cost for p, _ in parts))
+    x = np.random.default_rng(0).uniform(-1, 1, (8, 5))
+    first = program.run({"X": x}, outputs=("H",))
+    second = program.run({"X": 2 * x}, outputs=("H",))
+    _close(first["H"], np.maximum(x @ w, 0))  # an output asked for is a new array each run
+    _close(first["Y"], 3 * np.maximum(x @ w, 0).T)
+    _close(second["Y"], 3 * np.maximum(2 * x @ w, 0).T)
+
+
+@pytest.mark.parametrize("fused_seconds, boundaries, kernels", [(1e-9, {"H"}, 2), (1.0, {"H"}, 3), (1e-9, set(), 3)])
+def test_fusion_across_parts_only_at_boundaries_and_only_where_faster(tmp_path, fused_seconds, boundaries, kernels):
+    """Post-processing across stitched parts: the eOperator ending part one fuses into the one
+    of part two when the fused kernel's stored timing is faster, and the tensor is a boundary
+    (a model output is not: it must stay). Either way the values are the same."""
+    from codegen.measure import Timing
+    from codegen.program import _step, fuse_boundaries, stitch
+    from rewriter.instantiate import fuse
+
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    parts, w = _two_parts(db)
+    stitched = stitch(parts, {"X": (8, 5)})
+    relu, transpose = stitched.kernels[1:]
+    db.put(_step(fuse(relu, transpose), "tvm", "float32").signature("float32"), Timing(fused_seconds, 0.0, 1, False))
+    program, fusions = fuse_boundaries(stitched, boundaries, db)
+    assert len(program.kernels) == kernels and len(fusions) == 3 - kernels
+    assert [(f.producer, f.consumer) for f in fusions] == [("H", "Y")] * len(fusions)
+    x = np.random.default_rng(0).uniform(-1, 1, (8, 5))
+    _close(program(X=x), 3 * np.maximum(x @ w, 0).T)
+    assert program.cost < stitched.cost if fusions else program.cost == stitched.cost
+
+
+def test_fusion_across_parts_refuses_a_fused_kernel_that_computes_something_else(tmp_path, monkeypatch):
+    """Post-processing checks each fused kernel against the two apart: a wrong one (here a
+    fusion that forgets the relu) is refused however fast it measures."""
+    import codegen.program as program_module
+    from codegen.measure import Timing
+    from codegen.program import _step, fuse_boundaries, stitch
+    from rewriter.instantiate import Kernel
+    from rewriter.ir import rename_tensors
+
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    parts, _ = _two_parts(db)
+    stitched = stitch(parts, {"X": (8, 5)})
+
+    def wrong(producer, consumer):  # reads the matmul's result directly: the relu is lost
+        return Kernel("eop", consumer.output, rename_tensors(consumer.expr, {producer.output: "H_T0"}))
+
+    monkeypatch.setattr(program_module, "fuse", wrong)
+    db.put(_step(wrong(*stitched.kernels[1:]), "tvm", "float32").signature("float32"), Timing(1e-9, 0.0, 1, False))
+    program, fusions = fuse_boundaries(stitched, {"H"}, db)
+    assert fusions == [] and len(program.kernels) == 3

@@ -1,10 +1,12 @@
 """derive(): candidates are derived from the naive expression, instantiated, and verified."""
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from rewriter import conv2d, derive, evaluate, matmul, parse
+from rewriter import conv2d, derive, evaluate, matmul, parse, tensor_shapes
 from rewriter.cases import CASES
 from rewriter.instantiate import instantiate, match_conv, match_gemm
 from rewriter.testing import random_inputs
@@ -69,6 +71,28 @@ def test_convtranspose_becomes_one_matmul_and_one_eoperator():
     derivation = derive(expr, max_depth=4, backend="reference")
     assert ["matmul", "eop"] in [[k.kind for k in c.kernels] for c in derivation.candidates]
     assert derivation.rejected == []
+
+
+def test_the_offset_add_of_a_convtranspose_sums_only_the_taps_that_meet_each_point():
+    """An NCHW ConvTranspose becomes a (Batch)Matmul plus an OffsetAdd at depth 3; the OffsetAdd
+    as derived sums over every input position (64 here). Tightening it would take a fourth
+    explorative step; derive makes the best candidates' summing eOperators lighter as a guided
+    step, so the OffsetAdd sums over the 2x2 taps that meet each output point. (No guided
+    operator steps: they are not needed here, and would take a minute.)"""
+    from rewriter import conv_transpose2d
+
+    expr = conv_transpose2d((2, 8, 8, 8), (8, 4, 4, 4), stride=2, padding=1)
+    derivation = derive(expr, max_depth=3, backend="reference", time_limit=None, guided_depth=0)
+    assert derivation.rejected == []
+
+    def offset_add(candidate):
+        gemm = [k.output for k in candidate.kernels if k.kind in ("matmul", "batch_matmul")]
+        return [k for k in candidate.kernels if k.kind == "eop" and k.expr.summation and set(gemm) & set(tensor_shapes(k.expr))]
+
+    lighter = [c for c in derivation.candidates if any(math.prod(it.size for it in k.expr.summation) == 4 for k in offset_add(c))]
+    assert lighter and any(step.kind == "guided" and step.rule == "summation boundary tightening" for step in lighter[0].source.path)
+    inputs = random_inputs(expr, 2)
+    np.testing.assert_allclose(lighter[0](**inputs), evaluate(expr, inputs), rtol=1e-8, atol=1e-8)
 
 
 def test_postprocessing_fuses_eoperators_and_drops_identities():
