@@ -72,7 +72,9 @@ class Schedule:
     that the reads run along contiguously where traversal lanes would gather (rfactor: partial
     sums in registers, summed across lanes at the end). A register tile of ``tile`` rows of
     lanes sits inside the summation loops, and the outer traversal loops are fused into one
-    parallel loop. A schedule that a TVM primitive refuses for some stage falls back to the
+    parallel loop. A stage without summation whose lanes gather (a transposition) is blocked:
+    ``block`` rows of the loop its reads run along go just outside the lanes, so each cache
+    line read serves ``block`` rows before it is evicted. A schedule that a TVM primitive refuses for some stage falls back to the
     plain loops for the whole kernel, which are always sound.
     """
 
@@ -82,6 +84,7 @@ class Schedule:
     unroll: int = 1  # unroll factor of the innermost summation loop (with traversal lanes)
     pad: bool = True  # reads whose bounds checks vary along vector lanes use zero-padded copies
     reduction_vector: bool | None = None  # lanes along a summation loop; None: where traversal lanes would gather
+    block: int = 32  # a summation-free stage whose lanes gather: rows of the loop its reads run along, inside (transposes)
 
 
 DEFAULT_SCHEDULE = Schedule()
@@ -422,6 +425,13 @@ def _lane_summation(stage: _Stage, params: Schedule, native: int) -> int | None:
     return max(candidates)[1] if candidates else None
 
 
+def _read_axis(stage: _Stage) -> int | None:
+    """The outer traversal loop along which a read that gathers along the innermost one runs
+    contiguously (a transposition's input rows)."""
+    gathering = [(ix, shape) for ix, shape in stage.reads if _stride(stage.inner, ix, shape) not in (0, 1)]
+    return next((k for k, name in enumerate(stage.traversal[:-1]) if any(_stride(name, ix, shape) == 1 for ix, shape in gathering)), None)
+
+
 def _tile_axis(extents, rows: int) -> tuple[int, int] | None:
     """(axis, rows) of the innermost spatial loop that splits into 2..``rows`` rows."""
     for axis in reversed(range(len(extents))):
@@ -460,7 +470,8 @@ def _parallel(sch: s_tir.Schedule, loops: list, params: Schedule) -> None:
 
 def _vector_traversal(sch, block, stage: _Stage, params: Schedule, native: int) -> None:
     """Lanes along the innermost traversal loop, a register tile of ``tile`` rows of lanes
-    around them, the summation loops outside the tile, the outer loops fused and parallel."""
+    around them (without summation: ``block`` rows of the loop the gathered reads run along),
+    the summation loops outside the tile, the outer loops fused and parallel."""
     rank = len(stage.shape)
     loops = list(sch.get_loops(block))
     spatial, reduction = loops[:rank], loops[rank:]
@@ -476,6 +487,10 @@ def _vector_traversal(sch, block, stage: _Stage, params: Schedule, native: int) 
     if found:
         axis, rows = found
         spatial[axis], inner = sch.split(spatial[axis], [None, rows])
+        tile = [inner]
+    axis = _read_axis(stage) if vector and not reduction and params.block > 1 else None
+    if axis is not None and _lanes(extents[axis], params.block) > 1:
+        spatial[axis], inner = sch.split(spatial[axis], [None, _lanes(extents[axis], params.block)])
         tile = [inner]
     unrolled = []
     if params.unroll > 1 and reduction:
@@ -742,6 +757,8 @@ def candidate_schedules(scope: Scope, limit: int = 8) -> list[Schedule]:
     if scope.summation:
         variants += [replace(base, reduction_vector=flag) for flag in (False, True)]
         variants += [replace(base, tile=1), replace(base, tile=8), replace(base, tile=16), replace(base, unroll=4)]
+    else:
+        variants += [replace(base, block=8), replace(base, block=1)]
     small = math.prod(scope.shape) <= 4096  # a parallel launch may cost more than it saves
     variants += [replace(base, parallel=0 if small else 1), replace(base, vector=4), replace(base, pad=False)]
     return list(dict.fromkeys(variants))[:limit]

@@ -97,6 +97,17 @@ def test_default_schedule_vectorises_and_parallelises():
     assert "T.parallel" in listing and "T.vectorized" in listing
 
 
+@pytest.mark.parametrize("text, shape", [("L h:7, w:20, n:3, c:16 ; X[n, c, h, w]", (3, 16, 7, 20)),
+                                         ("L w:9, c:24 ; 2 * X[c, w] + X[c, 8-w]", (24, 9))])
+def test_transpositions_are_blocked_along_the_rows_they_read(text, shape):
+    """A layout eOperator whose lanes gather is blocked: rows of the loop its reads run along
+    sit inside, next to the lanes (seen as an unrolled loop), with the same values."""
+    expr = parse(text, {"X": shape})
+    listing = compile_scope(expr, dtype="float32").listing()
+    assert "T.unroll" in listing and "T.unroll" not in compile_scope(expr, dtype="float32", schedule=Schedule(block=1)).listing()
+    assert_matches(expr, random_inputs(expr, 3), dtype="float32")
+
+
 # --------------------------------------------------------------------------------------------
 # (c) padding, floor division, max reduction, nested scopes
 
