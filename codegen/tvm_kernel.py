@@ -48,6 +48,7 @@ from rewriter.ir import (
     Tensor,
     Unary,
     Var,
+    accesses,
     constant_value,
     index_vars,
     substitute_index,
@@ -122,6 +123,12 @@ def _subindices(ix: Index):
     elif isinstance(ix, IndexOp):
         yield from _subindices(ix.lhs)
         yield from _subindices(ix.rhs)
+
+
+def _divided(scope: Scope) -> set[str]:
+    """Iterators under an index division or modulo in the scope's own reads."""
+    return {name for access in accesses(scope.body) for ix in access.indices for sub in _subindices(ix)
+            if isinstance(sub, IndexOp) and sub.op in ("/", "%") for name in index_vars(sub.lhs)}
 
 
 @dataclass
@@ -314,6 +321,7 @@ class _Lowering:
         scope = self.building[-1].scope
         lanes = {it.name for it in scope.traversal[-1:]}
         lanes |= {it.name for it in scope.summation if _stride(it.name, indices, shape) == 1}
+        lanes -= _divided(scope)  # the scheduler keeps lanes off these: no check varies along lanes
         return any(index_vars(ix) & lanes for ix in outside)
 
     def index(self, ix: Index, env, box) -> tirx.PrimExpr:

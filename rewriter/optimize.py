@@ -70,9 +70,6 @@ class OptimizedProgram:
         return self.program.cost
 
     def __call__(self, **inputs) -> np.ndarray | tuple:
-        missing = sorted(set(self.inputs) - set(inputs))
-        if missing:
-            raise ExpressionError(f"missing input tensor(s): {', '.join(missing)}")
         values = self.program.run(inputs, self.outputs)
         outs = tuple(values[name] for name in self.outputs)
         return outs[0] if len(outs) == 1 else outs
