@@ -158,6 +158,8 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
         "model": name,
         "small": small,
         "subprograms": len(optimized.subprograms),
+        "kernels": len(optimized.program.kernels),
+        "fused_across": len(optimized.fusions),  # eOperator fusions across subprogram boundaries
         "optimize_s": round(optimize_s, 1),
         **{f"{k}_ms": round(v * 1e3, 3) for k, v in medians.items()},
         "vs_torch_eager": round(medians["torch_eager"] / medians["optimized"], 2),
@@ -173,11 +175,13 @@ def main() -> None:
     parser.add_argument("--subprogram-time-limit", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
-    print(f"{'model':<12}{'subprograms':>12}{'optimize s':>11}{'ours ms':>10}{'eager ms':>10}{'compile ms':>11}{'x eager':>9}{'x compile':>10}")
+    print(f"{'model':<12}{'subprograms':>12}{'kernels':>8}{'fused':>6}{'optimize s':>11}{'ours ms':>10}{'eager ms':>10}{'compile ms':>11}"
+          f"{'x eager':>9}{'x compile':>10}")
     out = ROOT / "bench" / "results" / ("zoo_vs_torch_small.json" if args.small else "zoo_vs_torch.json")
     for name in args.models.split(","):
         row = run(name, args.small, args.max_depth, args.subprogram_time_limit, args.rounds)
-        print(f"{name:<12}{row['subprograms']:>12}{row['optimize_s']:>11}{row['optimized_ms']:>10}{row['torch_eager_ms']:>10}"
+        print(f"{name:<12}{row['subprograms']:>12}{row['kernels']:>8}{row['fused_across']:>6}{row['optimize_s']:>11}"
+              f"{row['optimized_ms']:>10}{row['torch_eager_ms']:>10}"
               f"{row['torch_compile_ms']:>11}{row['vs_torch_eager']:>9}{row['vs_torch_compile']:>10}", flush=True)
         # Rows of earlier runs (other models) are kept, so models can be measured one run at a time.
         rows = [r for r in (json.loads(out.read_text()) if out.exists() else []) if r["model"] != name]

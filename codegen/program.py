@@ -33,7 +33,7 @@ from rewriter.parser import parse
 from rewriter.reference import evaluate
 
 from .measure import MeasurementDB, signature, time_callable
-from .tvm_kernel import CodegenError, Schedule, TvmKernel, aligned_copy, aligned_empty, candidate_schedules, compile_scope, host_target
+from .tvm_kernel import CODEGEN_VERSION, CodegenError, Schedule, TvmKernel, aligned_copy, aligned_empty, candidate_schedules, compile_scope, host_target
 
 LIBRARY = ("matmul", "batch_matmul")
 DUAL = ("conv2d", "g2bmm", "gbmm")  # kernels with a TVM and a numpy implementation to race
@@ -50,9 +50,12 @@ class Step:
     seconds: float | None = None
 
     def signature(self, dtype: str) -> str:
+        """The measurement key: what runs, and for TVM kernels the code generator's version (a
+        change to the lowering must not reuse the old code's timings)."""
         shapes = sorted(tensor_shapes(self.kernel.expr).items())
         schedule = self.compiled.schedule if self.compiled else None
-        return signature("kernel", self.impl, self.kernel.kind, self.kernel.expr, shapes, dtype, schedule)
+        version = CODEGEN_VERSION if self.impl == "tvm" else None
+        return signature("kernel", self.impl, self.kernel.kind, self.kernel.expr, shapes, dtype, schedule, version)
 
     def renamed(self, names: Mapping[str, str], dtype: str) -> Step:
         """This call over renamed tensors: the same compiled code and measured time."""

@@ -56,8 +56,9 @@ from rewriter.ir import (
 )
 
 # The source of this module is part of every cache key: a change to the lowering never loads a
-# kernel compiled by the old one.
+# kernel compiled by the old one (nor reuses its measured times: codegen.program's signatures).
 _SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+CODEGEN_VERSION = _SOURCE_HASH[:16]
 _INT32 = 2**31 - 1
 
 
@@ -75,8 +76,9 @@ class Schedule:
     lanes sits inside the summation loops, and the outer traversal loops are fused into one
     parallel loop. A stage without summation whose lanes gather (a transposition) is blocked:
     ``block`` rows of the loop its reads run along go just outside the lanes, so each cache
-    line read serves ``block`` rows before it is evicted. A schedule that a TVM primitive refuses for some stage falls back to the
-    plain loops for the whole kernel, which are always sound.
+    line read serves ``block`` rows before it is evicted. A schedule that a TVM primitive
+    refuses for some stage falls back to the plain loops for the whole kernel, which are always
+    sound.
     """
 
     vector: int | None = None  # vector lanes; None: the target's width, 1: none

@@ -19,9 +19,10 @@ to every scope that has an operator's shape but matches no table yet, up to ``gu
 steps, free of ``max_depth``. The best candidates are instantiated again with operands
 re-laid out for larger GEMMs, and with their summing eOperators made lighter: each replaced by
 the explorative rule result that sums over fewest points (an OffsetAdd over every input
-position tightened to the taps that meet the kernel), also free of ``max_depth``. Post-processing (5.4) drops identity eOperators, fuses an
-eOperator into its only (eOperator) reader (with the cpu backend: where the fused kernel
-measures faster), and marks weight-only kernels.
+position tightened to the taps that meet the kernel), also free of ``max_depth``.
+Post-processing (5.4) drops identity eOperators, fuses an eOperator into its only (eOperator)
+reader (with the cpu backend: where the fused kernel measures faster), and marks weight-only
+kernels.
 """
 
 from __future__ import annotations
@@ -449,7 +450,7 @@ def _lightened(source, guide: _Guide, steps: int = 8):
     path reached it, so it does not wait for a depth that path has used up."""
     expr, path = source.expr, ()
     for _ in range(steps):
-        found = next(((p, l) for p, scope in scopes_at(expr) if (l := guide.lighter(scope))), None)
+        found = next(((at, lighter) for at, scope in scopes_at(expr) if (lighter := guide.lighter(scope))), None)
         if found is None:
             break
         position, (rule_, result) = found
