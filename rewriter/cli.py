@@ -191,6 +191,11 @@ def cmd_explain(args, console: Console) -> int:
     for sub in optimized.subprograms:
         console.print(f"== {sub.name} ({sub.state})", markup=False, highlight=False)
         console.print(sub.explain, markup=False, highlight=False, soft_wrap=True)
+    for fusion in optimized.fusions:
+        console.print(f"== post-processing: {fusion.producer} fused into {fusion.consumer} ({fusion.seconds_apart * 1e3:.3f} -> "
+                      f"{fusion.seconds_fused * 1e3:.3f} ms)", markup=False, highlight=False)
+    console.print("== the stitched program, as it runs", markup=False, highlight=False)
+    console.print(optimized.program.listing(), markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

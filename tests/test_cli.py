@@ -57,7 +57,9 @@ def test_optimize_a_zoo_model_then_run_and_explain_the_saved_program(tmp_path, c
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-3, atol=1e-3)
     capsys.readouterr()
     assert main(["explain", str(out)]) == 0
-    assert "== relu1" in capsys.readouterr().out  # conv1 fused into its activation
+    explained = capsys.readouterr().out
+    assert "== relu1" in explained  # conv1 fused into its activation
+    assert "as it runs" in explained and "relu1" in explained.split("as it runs")[1]  # the stitched kernels
 
 
 def test_optimize_refuses_a_model_it_cannot_read_and_writes_nothing(tmp_path, capsys):
