@@ -35,6 +35,40 @@ def test_activations_fuse_and_equal_subprograms_are_searched_once_with_their_own
     assert not (tmp_path / "saved.partial").exists()
 
 
+def test_ctrl_c_keeps_what_was_derived_and_runs_the_rest_as_written(tmp_path, monkeypatch):
+    """Ctrl-C in the second subprogram's search: the first stays derived, the second and any
+    later one run as their identity kernel, post-processing is skipped, and the stitched
+    program still computes the model."""
+    import importlib
+
+    derive_module = importlib.import_module("rewriter.derive")
+    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "cache"))
+    shapes = {"X": (6, 5), "W1": (5, 5), "W2": (5, 3)}
+    program = parse_program(
+        "H = L i:6, j:5 ; S k:5 ; X[i, k] * W1[k, j]\n"
+        "R = L i:6, j:5 ; relu(H[i, j])\n"
+        "Y = L i:6, j:3 ; S k:5 ; R[i, k] * W2[k, j]\n"
+        "return Y",
+        shapes,
+    )
+    calls, derive = [], derive_module.derive
+
+    def interrupted_second(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return derive(*args, **kwargs)
+
+    monkeypatch.setattr(derive_module, "derive", interrupted_second)
+    rng = np.random.default_rng(0)
+    weights = {"W1": rng.standard_normal((5, 5)), "W2": rng.standard_normal((5, 3))}
+    optimized = optimize_program(program, weights, max_depth=1)
+    assert [(s.name, s.state) for s in optimized.subprograms] == [("R", "derived"), ("Y", "identity")]
+    assert optimized.fusions == []
+    x = rng.standard_normal((6, 5))
+    np.testing.assert_allclose(optimized(X=x), evaluate(program, {"X": x, **weights}), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("name", ["srcnn", "gcn", *(pytest.param(n, marks=pytest.mark.slow) for n in ("infogan", "dcgan", "resnet18", "csrnet", "longformer"))])
 def test_every_zoo_model_optimizes_saves_and_runs_in_a_new_process(name, tmp_path):
     """Issue acceptance, small sizes: each zoo model optimized end to end (search depth 1), saved,
