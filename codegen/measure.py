@@ -26,7 +26,9 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
+
+K = TypeVar("K")
 
 #: A run whose interquartile range exceeds this fraction of its median is noisy.
 NOISE_THRESHOLD = 0.1
@@ -171,6 +173,25 @@ def time_callable(
         return first
     second = _run(fn, number, count, min_seconds, deadline)
     return min(first, second, key=lambda t: t.spread)
+
+
+def time_in_turns(fns: dict[K, Callable[[], object]], rounds: int = 3, **timing_kwargs: object) -> dict[K, Timing]:
+    """Time several callables in turns (A B C, A B C, ...): each one's median over ``rounds``
+    ``time_callable`` runs. Timings taken minutes apart are not comparable on a shared machine
+    (another process or a throttled core can slow a whole measurement twofold for seconds);
+    taken in turns, a slow spell slows every contender alike."""
+    runs: dict[K, list[Timing]] = {key: [] for key in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            runs[key].append(time_callable(fn, **timing_kwargs))
+    return {key: _combined(timings) for key, timings in runs.items()}
+
+
+def _combined(timings: list[Timing]) -> Timing:
+    """One timing from several runs of the same callable: the median of their medians."""
+    medians = [t.median for t in timings]
+    spread = summarise(medians).spread if len(medians) > 1 else timings[0].spread
+    return Timing(statistics.median(medians), spread, sum(t.repeats for t in timings), spread > NOISE_THRESHOLD)
 
 
 def _warm_up(fn: Callable[[], object], calls: int, deadline: float) -> float | None:

@@ -6,9 +6,10 @@ a ``CompiledProgram``:
 * Matmul / BatchMatmul kernels call numpy's BLAS on strided views of their operands, in place
   (the strides the iterator mapping table found; no copies);
 * every other kernel (convolutions, band matmuls, eOperators) is its scope compiled by TVM
-  (``codegen.tvm_kernel``); a convolution or band matmul also has numpy's einsum path (the
-  reference's contraction) in the race, and the faster by measurement is kept; ``tune`` adds
-  a few TVM schedules per kernel to the race;
+  (``codegen.tvm_kernel``); a convolution also has a library call in the race (im2col + BLAS,
+  ``codegen.im2col``, or numpy's einsum path where its iterators do not form one GEMM), a band
+  matmul the einsum path, and the faster by measurement is kept; ``tune`` adds a few TVM
+  schedules per kernel to the race;
 * kernels that read only weights run once, when ``bind`` is given their values (OLLIE 5.4).
 
 ``measure(db)`` times each distinct kernel once on this device (``codegen.measure``), and the
@@ -32,7 +33,8 @@ from rewriter.ir import tensor_shapes
 from rewriter.parser import parse
 from rewriter.reference import evaluate
 
-from .measure import MeasurementDB, signature, time_callable
+from .im2col import im2col_call
+from .measure import MeasurementDB, signature, time_callable, time_in_turns
 from .tvm_kernel import CODEGEN_VERSION, CodegenError, Schedule, TvmKernel, aligned_copy, aligned_empty, candidate_schedules, compile_scope, host_target
 
 LIBRARY = ("matmul", "batch_matmul")
@@ -41,7 +43,7 @@ DUAL = ("conv2d", "g2bmm", "gbmm")  # kernels with a TVM and a numpy implementat
 
 @dataclass
 class Step:
-    """One kernel call: ``impl`` is "blas", "tvm" or "numpy"; ``seconds`` its measured median."""
+    """One kernel call: ``impl`` is "blas", "im2col", "tvm" or "numpy"; ``seconds`` its measured median."""
 
     kernel: Kernel
     impl: str
@@ -145,10 +147,7 @@ class CompiledProgram:
         """Time every kernel on random inputs of its shapes (once per signature with a database)."""
         rng = np.random.default_rng(seed)
         for step in self._timed():
-            shapes = tensor_shapes(step.kernel.expr)
-            values = {n: _aligned(rng.uniform(-1, 1, s), self.dtype) for n, s in shapes.items()}
-            out = aligned_empty(step.kernel.expr.shape, self.dtype)
-            run = lambda step=step, values=values, out=out: step.call(values, out)  # noqa: E731
+            run = _timing_call(step, self.dtype, rng)
             result = db.measure(step.signature(self.dtype), run, **timing) if db else time_callable(run, **timing)
             step.seconds = result.median
         return self.cost
@@ -207,6 +206,35 @@ def load(directory: str | Path) -> CompiledProgram:
     return CompiledProgram(steps, inputs, dtype, constants={n: _aligned(v, dtype) for n, v in constants.items()})
 
 
+def remeasure(programs: Sequence[CompiledProgram], db: MeasurementDB | None = None, rounds: int = 3,
+              seed: int = 0, **timing) -> None:
+    """Time the kernels of ``programs`` again, in turns (``time_in_turns``), and keep each one's
+    new median (in ``db`` too, replacing the stored timing). The fastest few candidates are
+    compared this way before one is chosen: their kernels were measured at different times,
+    some in earlier searches, and a slow spell then would decide the choice."""
+    rng = np.random.default_rng(seed)
+    steps: dict[str, list[Step]] = {}
+    calls = {}
+    for program in programs:
+        for step in program._timed():
+            key = step.signature(program.dtype)
+            if key not in calls:
+                calls[key] = _timing_call(step, program.dtype, rng)
+            steps.setdefault(key, []).append(step)
+    for key, timing in time_in_turns(calls, rounds, **timing).items():
+        for step in steps[key]:
+            step.seconds = timing.median
+        if db is not None:
+            db.put(key, timing)
+
+
+def _timing_call(step: Step, dtype: str, rng) -> Callable[[], None]:
+    """``step`` on random inputs of its shapes, as a callable to time."""
+    values = {n: _aligned(rng.uniform(-1, 1, s), dtype) for n, s in tensor_shapes(step.kernel.expr).items()}
+    out = aligned_empty(step.kernel.expr.shape, dtype)
+    return lambda: step.call(values, out)
+
+
 def _aligned(value, dtype: str) -> np.ndarray:
     """A C-contiguous, 64-byte aligned, writable array (TVM refuses read-only buffers)."""
     array = np.asarray(value)
@@ -222,6 +250,8 @@ def _step(kernel: Kernel, impl: str, dtype: str, library: Path | None = None, sc
         return Step(kernel, impl, _blas_call(kernel.match))
     if impl == "numpy":
         return Step(kernel, impl, _numpy_call(kernel, dtype))
+    if impl == "im2col":
+        return Step(kernel, impl, im2col_call(kernel, dtype))
     if library is not None:
         compiled = _load_library(kernel, library, dtype, schedule or Schedule())
     else:
@@ -260,9 +290,10 @@ def compile_candidate(candidate: Candidate, inputs: Mapping[str, tuple[int, ...]
                       db: MeasurementDB | None = None, tune: int = 0) -> CompiledProgram:
     """``candidate`` compiled; where a kernel has several implementations, the fastest measured.
 
-    Convolutions and band matmuls race TVM against numpy's contraction; with ``tune`` > 0 every
-    TVM kernel also races up to ``tune`` schedules (``candidate_schedules``: tile, vector width,
-    parallel loops, unrolling), each measured once per device in ``db``. A candidate that
+    Convolutions race TVM against im2col + BLAS, band matmuls against numpy's contraction;
+    with ``tune`` > 0 every TVM kernel also races up to ``tune`` schedules
+    (``candidate_schedules``: tile, vector width, parallel loops, unrolling), each measured
+    once per device in ``db``. A candidate that
     post-processing fused (``candidate.unfused``) starts from its unfused kernels, and each
     eOperator fusion is kept only where the fused kernel measures faster (``_fused``).
     """
@@ -284,7 +315,8 @@ def _fastest(kernel: Kernel, dtype: str, db: MeasurementDB | None, tune: int) ->
         except CodegenError:
             pass  # TVM refused this one: the others (or numpy's path) remain
     if kernel.kind in DUAL or not options:
-        options.append(_step(kernel, "numpy", dtype))
+        # a convolution's library call is im2col + BLAS where its iterators allow, else einsum
+        options.append(_step(kernel, "im2col" if im2col_call(kernel, dtype) else "numpy", dtype))
     if len(options) > 1 and not kernel.weight_only:
         CompiledProgram(options, {}, dtype).measure(db)
         options.sort(key=lambda s: s.seconds)

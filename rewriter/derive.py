@@ -240,6 +240,9 @@ def _narrowed(scope: Scope) -> Scope:
 # Rounds of lazy measurement: extract with what is measured, compile and measure what was
 # chosen, extract again; stop when extraction chooses a program already measured.
 EXTRACTION_ROUNDS = 3
+# The fastest few compiled programs have their kernels timed again, in turns, before the
+# choice: their first timings were taken at different times (``codegen.program.remeasure``).
+RACE = 3
 
 
 def _compiled(check: _Check, candidates: list[Candidate], dtype: str, db, tune: int, extraction, deadline, identity):
@@ -250,9 +253,11 @@ def _compiled(check: _Check, candidates: list[Candidate], dtype: str, db, tune: 
     by analytic cost are still compiled: at full size one naive kernel takes seconds to
     compile and time. Then extraction from the e-graph with the measured kernel times
     (``_Extraction``) may choose a program not yet among them: it is verified, compiled and
-    measured in turn, up to ``EXTRACTION_ROUNDS`` times while the time budget lasts."""
+    measured in turn, up to ``EXTRACTION_ROUNDS`` times while the time budget lasts. Last, the
+    ``RACE`` fastest have their kernels timed again in turns (``remeasure``), and their new
+    timings order them."""
     from codegen.measure import MeasurementDB
-    from codegen.program import compile_candidate
+    from codegen.program import compile_candidate, remeasure
 
     db = db if db is not None else MeasurementDB()
     shapes = {name: value.shape for name, value in check.inputs.items()}
@@ -285,6 +290,16 @@ def _compiled(check: _Check, candidates: list[Candidate], dtype: str, db, tune: 
             add(candidate)
         else:
             measured.add(_key(candidate))
+    raced = []
+    for _ in range(2):  # a second time if the first race let an unraced program into the front
+        compiled.sort(key=lambda p: p.cost)
+        front = compiled[:RACE]
+        if len(front) < 2 or all(any(p is r for r in raced) for p in front):
+            break
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        remeasure(front, db, max_seconds=0.5)
+        raced += front
     compiled.sort(key=lambda p: p.cost)
     return compiled
 

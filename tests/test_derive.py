@@ -328,3 +328,20 @@ def test_a_batch_of_small_gemms_becomes_one_matmul_through_an_operand_layout():
     np.testing.assert_allclose(relaid(**inputs), evaluate(expr, inputs), rtol=1e-9, atol=1e-9)
     kinds = [[k.kind for k in c.kernels] for c in derive(expr, max_depth=0, backend="reference").candidates]
     assert ["batch_matmul"] in kinds and ["eop", "matmul"] in kinds
+
+
+def test_the_fastest_candidates_are_timed_again_before_the_choice(tmp_path):
+    """A stored timing taken in another run (here an impossible nanosecond for the naive
+    kernel) does not decide alone: the fastest candidates' kernels are timed again, in turns,
+    and the database keeps the new timing."""
+    from codegen.measure import MeasurementDB, Timing
+    from codegen.program import _step
+    from rewriter.instantiate import Kernel
+
+    expr = matmul((128, 128), (128, 128))
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    naive = _step(Kernel("eop", "out", expr), "tvm", "float32").signature("float32")
+    db.put(naive, Timing(1e-9, 0.0, 1, False))
+    result = derive(expr, max_depth=1, db=db)
+    assert db.get(naive).median > 1e-6
+    assert all(program.cost > 1e-6 for program in result.candidates)

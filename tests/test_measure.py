@@ -28,6 +28,7 @@ from codegen.measure import (
     signature,
     summarise,
     time_callable,
+    time_in_turns,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +89,18 @@ def test_noisy_run_is_repeated_and_flagged():
     t = time_callable(fn, warmup=2, repeats=6, min_seconds=0)
     assert t.noisy and t.spread > NOISE_THRESHOLD
     assert fn.calls >= 2 + 2 * 6  # warm-ups, then two runs of six samples
+
+
+def test_callables_timed_in_turns_alternate_and_each_get_their_own_timing():
+    order = []
+    slow = lambda: (order.append("slow"), time.sleep(0.002))  # noqa: E731
+    fast = lambda: order.append("fast")  # noqa: E731
+    timings = time_in_turns({"slow": slow, "fast": fast}, rounds=3, min_seconds=0.01)
+    assert list(timings) == ["slow", "fast"]
+    assert timings["slow"].median > 10 * timings["fast"].median
+    blocks = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]
+    assert blocks == ["slow", "fast"] * 3  # round by round, not all of one then all of the other
+    assert timings["slow"].repeats >= 3 * 5
 
 
 def test_summarise_uses_median_and_interquartile_range():

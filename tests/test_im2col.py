@@ -1,0 +1,62 @@
+"""Convolutions as im2col + one GEMM (codegen/im2col.py): equal to the reference semantics."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from codegen.im2col import im2col_call
+from codegen.program import compile_candidate
+from rewriter import evaluate, parse
+from rewriter.instantiate import Candidate, Kernel, instantiate, match_conv
+
+
+@st.composite
+def convolutions(draw):
+    """A Conv2d kernel with random sizes, stride, dilation, padding, iterator orders, weight
+    layout and, sometimes, an output range that does not start at 0."""
+    n, c, f = draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.integers(1, 5))
+    r, s = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    stride, dilation, pad = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(0, 2))
+    height, width = draw(st.integers(r * dilation, 9)), draw(st.integers(s * dilation, 9))
+    out_h = (height + 2 * pad - dilation * (r - 1) - 1) // stride + 1
+    out_w = (width + 2 * pad - dilation * (s - 1) - 1) // stride + 1
+    start = draw(st.integers(0, 1)) if out_h > 1 else 0
+    ranges = {"n": f"n:{n}", "f": f"f:{f}", "h": f"h:{start}..{out_h}" if start else f"h:{out_h}", "w": f"w:{out_w}"}
+    traversal = draw(st.permutations(["n", "f", "h", "w"]))
+    summed = draw(st.permutations(["c", "r", "s"]))
+    weight_dims = draw(st.permutations(["f", "c", "r", "s"]))
+    sizes = {"f": f, "c": c, "r": r, "s": s}
+    text = (f"L {', '.join(ranges[i] for i in traversal)} ; S {', '.join(f'{i}:{sizes[i]}' for i in summed)} ; "
+            f"X[n, c, {stride}*h+{dilation}*r-{pad}, {stride}*w+{dilation}*s-{pad}] * W[{', '.join(weight_dims)}]")
+    return parse(text, {"X": (n, c, height, width), "W": tuple(sizes[d] for d in weight_dims)})
+
+
+@settings(max_examples=60, deadline=None)
+@given(convolutions(), st.integers(0, 2**32 - 1))
+def test_im2col_computes_the_convolution(expr, seed):
+    kernel = Kernel("conv2d", "out", expr, match_conv(expr))  # degenerate sizes would match matmul first
+    assert kernel.match is not None, str(expr)
+    call = im2col_call(kernel, "float64")
+    assert call is not None, str(expr)
+    rng = np.random.default_rng(seed)
+    values = {"X": rng.uniform(-1, 1, expr.body.lhs.source.shape), "W": rng.uniform(-1, 1, expr.body.rhs.source.shape)}
+    out = np.full(expr.shape, np.nan)
+    for _ in range(2):  # buffers are reused: the second call must not see the first one's data
+        call(values, out)
+        np.testing.assert_allclose(out, evaluate(expr, values), rtol=1e-10, atol=1e-10)
+        values = {name: v[::-1].copy() for name, v in values.items()}
+
+
+def test_a_batch_read_by_both_operands_is_not_one_gemm():
+    expr = parse("L g:2, f:3, h:4 ; S c:2, r:3 ; X[g, c, h+r] * W[g, f, c, r]", {"X": (2, 2, 6), "W": (2, 3, 2, 3)})
+    kernel = instantiate(expr).kernels[0]
+    assert im2col_call(kernel, "float32") is None
+
+
+def test_a_compiled_convolution_races_im2col_and_keeps_the_faster():
+    expr = parse("L n:1, f:8, h:6, w:6 ; S c:4, r:3, s:3 ; X[n, c, h+r-1, w+s-1] * W[f, c, r, s]", {"X": (1, 4, 6, 6), "W": (8, 4, 3, 3)})
+    program = compile_candidate(Candidate(instantiate(expr).kernels), {"X": (1, 4, 6, 6), "W": (8, 4, 3, 3)})
+    assert program.steps[0].impl in ("im2col", "tvm")
+    rng = np.random.default_rng(0)
+    x, w = rng.uniform(-1, 1, (1, 4, 6, 6)), rng.uniform(-1, 1, (8, 4, 3, 3))
+    np.testing.assert_allclose(program(X=x, W=w), evaluate(expr, {"X": x, "W": w}), rtol=1e-4, atol=1e-4)
