@@ -38,7 +38,7 @@ from .measure import MeasurementDB, signature, time_callable, time_in_turns
 from .tvm_kernel import CODEGEN_VERSION, CodegenError, Schedule, TvmKernel, aligned_copy, aligned_empty, candidate_schedules, compile_scope, host_target
 
 LIBRARY = ("matmul", "batch_matmul")
-DUAL = ("conv2d", "g2bmm", "gbmm")  # kernels with a TVM and a numpy implementation to race
+DUAL = ("conv2d", "g2bmm", "gbmm")  # kernels with a TVM and a library implementation to race
 
 
 @dataclass
@@ -293,9 +293,9 @@ def compile_candidate(candidate: Candidate, inputs: Mapping[str, tuple[int, ...]
     Convolutions race TVM against im2col + BLAS, band matmuls against numpy's contraction;
     with ``tune`` > 0 every TVM kernel also races up to ``tune`` schedules
     (``candidate_schedules``: tile, vector width, parallel loops, unrolling), each measured
-    once per device in ``db``. A candidate that
-    post-processing fused (``candidate.unfused``) starts from its unfused kernels, and each
-    eOperator fusion is kept only where the fused kernel measures faster (``_fused``).
+    once per device in ``db``. A candidate that post-processing fused (``candidate.unfused``)
+    starts from its unfused kernels, and each eOperator fusion is kept only where the fused
+    kernel measures faster (``_fused``).
     """
     kernels = candidate.unfused or candidate.kernels
     steps = [_fastest(kernel, dtype, db, tune) for kernel in kernels]
