@@ -53,7 +53,7 @@ def test_a_batch_read_by_both_operands_is_not_one_gemm():
     assert im2col_call(kernel, "float32") is None
 
 
-def test_a_compiled_convolution_races_im2col_and_keeps_the_faster():
+def test_a_compiled_convolution_races_im2col_against_tvm_and_computes_the_convolution():
     expr = parse("L n:1, f:8, h:6, w:6 ; S c:4, r:3, s:3 ; X[n, c, h+r-1, w+s-1] * W[f, c, r, s]", {"X": (1, 4, 6, 6), "W": (8, 4, 3, 3)})
     program = compile_candidate(Candidate(instantiate(expr).kernels), {"X": (1, 4, 6, 6), "W": (8, 4, 3, 3)})
     assert program.steps[0].impl in ("im2col", "tvm")
