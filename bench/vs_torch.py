@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from codegen import compile_scope  # noqa: E402
+from codegen import CpuBackend, compile_scope  # noqa: E402
 from rewriter import derive, evaluate  # noqa: E402
 from rewriter.cases import CASES  # noqa: E402
 
@@ -88,7 +88,7 @@ def run(name: str, depth: int, time_limit: float, rounds: int, tune: int = 0) ->
     inputs = {n: rng.uniform(-1, 1, s).astype(np.float32) for n, s in CASES[name].shapes.items()}
     expected = evaluate(expr, inputs)
     start = time.perf_counter()
-    derivation = derive(expr, max_depth=depth, time_limit=time_limit, weights=WEIGHTS[name], tune=tune)
+    derivation = derive(expr, max_depth=depth, time_limit=time_limit, weights=WEIGHTS[name], backend=CpuBackend(tune=tune))
     derive_s = time.perf_counter() - start
     best = derivation.best.bind({w: inputs[w] for w in WEIGHTS[name]})
     activations = {n: v for n, v in inputs.items() if n not in WEIGHTS[name]}

@@ -24,16 +24,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from vs_torch import interleaved  # noqa: E402  (sets the thread pools' idle policy first)
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
+from vs_torch import interleaved  # noqa: E402  (sets the thread pools' idle policy first)
 
 from rewriter import zoo  # noqa: E402
-from rewriter.onnx_frontend import load_onnx  # noqa: E402
-from rewriter.optimize import optimize_program  # noqa: E402
+from rewriter.frontends.onnx import load_onnx  # noqa: E402
+from rewriter.pipeline import optimize_program  # noqa: E402
 
 
 def _attrs(node) -> dict:

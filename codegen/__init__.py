@@ -1,5 +1,26 @@
-"""Lowering of instantiated programs to executables: BLAS calls, TVM eOperators, measurement."""
+"""Code generation: kernel descriptions (``rewriter.lower``) in, executables out.
 
+``backend`` is what the pipeline sees (compile, measure, device key); ``program`` compiles a
+candidate's kernels into one callable over reused buffers; ``tvm_kernel`` compiles a scope with
+TVM; ``im2col`` runs a matched convolution as one BLAS call; ``measure`` times and remembers.
+"""
+
+# Load order: importing any ``rewriter`` module runs the ``rewriter`` package, whose ``derive``
+# imports this package's backend. Importing the IR first, before any module of this package
+# starts, lets that happen while none of them is half-initialised.
+import rewriter.ir  # noqa: F401  isort: skip
+
+from .backend import Backend, CpuBackend, ReferenceBackend, as_backend
 from .tvm_kernel import CodegenError, Schedule, TvmKernel, candidate_schedules, compile_scope
 
-__all__ = ["CodegenError", "Schedule", "TvmKernel", "candidate_schedules", "compile_scope"]
+__all__ = [
+    "Backend",
+    "CodegenError",
+    "CpuBackend",
+    "ReferenceBackend",
+    "Schedule",
+    "TvmKernel",
+    "as_backend",
+    "candidate_schedules",
+    "compile_scope",
+]

@@ -23,9 +23,9 @@ from typing import Callable
 
 import numpy as np
 
-from rewriter.indexing import affine_coefficients
-from rewriter.instantiate import Kernel
+from rewriter.index import affine_coefficients
 from rewriter.ir import Access, Scope
+from rewriter.lower import Kernel
 
 from .tvm_kernel import aligned_empty
 

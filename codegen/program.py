@@ -27,15 +27,23 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rewriter.errors import ExpressionError
-from rewriter.instantiate import Candidate, GemmMatch, Kernel, fuse, fusion_pairs, match_operator, run_gemm
-from rewriter.ir import tensor_shapes
-from rewriter.parser import parse
-from rewriter.reference import evaluate
+from rewriter.ir import ExpressionError, parse, tensor_shapes
+from rewriter.lower import Candidate, GemmMatch, Kernel, fuse, fusion_pairs, match_operator, run_gemm
+from rewriter.semantics import evaluate
 
 from .im2col import im2col_call
 from .measure import MeasurementDB, signature, time_callable, time_in_turns
-from .tvm_kernel import CODEGEN_VERSION, CodegenError, Schedule, TvmKernel, aligned_copy, aligned_empty, candidate_schedules, compile_scope, host_target
+from .tvm_kernel import (
+    CODEGEN_VERSION,
+    CodegenError,
+    Schedule,
+    TvmKernel,
+    aligned_copy,
+    aligned_empty,
+    candidate_schedules,
+    compile_scope,
+    load_kernel,
+)
 
 LIBRARY = ("matmul", "batch_matmul")
 DUAL = ("conv2d", "g2bmm", "gbmm")  # kernels with a TVM and a library implementation to race
@@ -130,6 +138,15 @@ class CompiledProgram:
         if step.kernel.output not in self.buffers:
             self.buffers[step.kernel.output] = aligned_empty(step.kernel.expr.shape, self.dtype)
         return self.buffers[step.kernel.output]
+
+    def rebound(self, weights: Mapping[str, np.ndarray]) -> CompiledProgram:
+        """A new program with the same compiled kernels and measured times, bound to ``weights``
+        (an equal subprogram of a model with its own weights)."""
+        return CompiledProgram(self.steps, self.inputs, self.dtype, self.source).bind(weights)
+
+    def timings(self) -> list[tuple[Kernel, float]]:
+        """Each kernel that runs per call, with its measured seconds."""
+        return [(s.kernel, s.seconds) for s in self._timed() if s.seconds is not None]
 
     def bind(self, weights: Mapping[str, np.ndarray]) -> CompiledProgram:
         """Fix ``weights`` as constants and evaluate the kernels that read only them, once
@@ -253,16 +270,10 @@ def _step(kernel: Kernel, impl: str, dtype: str, library: Path | None = None, sc
     if impl == "im2col":
         return Step(kernel, impl, im2col_call(kernel, dtype))
     if library is not None:
-        compiled = _load_library(kernel, library, dtype, schedule or Schedule())
+        compiled = load_kernel(kernel.expr, library, dtype, schedule or Schedule())
     else:
         compiled = compile_scope(kernel.expr, dtype=dtype, schedule=schedule)
     return Step(kernel, impl, _tvm_call(compiled), compiled)
-
-
-def _load_library(kernel: Kernel, library: Path, dtype: str, schedule: Schedule) -> TvmKernel:
-    import tvm
-
-    return TvmKernel(kernel.expr, dtype, schedule, host_target(), tvm.runtime.load_module(str(library)), library, True)
 
 
 def _blas_call(match: GemmMatch):

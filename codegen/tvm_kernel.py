@@ -3,7 +3,7 @@
 ``compile_scope(scope)`` lowers the scope to TVM tensor expressions, applies a loop schedule and
 compiles it with LLVM for the host CPU. The lowering reproduces ``rewriter.reference.evaluate``:
 
-* every scope is a ``te.compute`` stage over its own box (element ``[x - lo]`` holds iterator value
+* every scope is a ``tvm.te.compute`` stage over its own box (element ``[x - lo]`` holds iterator value
   ``x``); a nested scope is a closed term, so equal nested scopes share one stage, evaluated once;
 * a nested scope that only re-indexes (no summation, body one access) is inlined: its indices are
   substituted into the read, and "inside its box" joins the read's bounds conditions;
@@ -18,6 +18,7 @@ Compiled kernels are cached on disk, keyed by a content hash (see ``cache_dir``)
 from __future__ import annotations
 
 import hashlib
+import importlib
 import itertools
 import math
 import os
@@ -28,19 +29,16 @@ from pathlib import Path
 from typing import Mapping
 
 import numpy as np
-import tvm
-import tvm.target.codegen
-from tvm import s_tir, te, tirx
 
-from rewriter.errors import ExpressionError
-from rewriter.indexing import affine_coefficients, index_bounds
+from rewriter.index import affine_coefficients, index_bounds
 from rewriter.ir import (
     Access,
     Binary,
+    ExpressionError,
     Index,
     IndexNeg,
-    Iterator,
     IndexOp,
+    Iterator,
     Lit,
     Num,
     Scalar,
@@ -54,6 +52,23 @@ from rewriter.ir import (
     substitute_index,
     tensor_shapes,
 )
+
+
+class _Deferred:
+    """A module imported on first attribute access. TVM takes seconds to import (and its FFI
+    imports torch where torch is installed), so ``import rewriter`` stays fast and torch-free
+    until the first kernel is compiled."""
+
+    def __init__(self, name: str):
+        self._name, self._module = name, None
+
+    def __getattr__(self, attribute: str):
+        if self._module is None:
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attribute)
+
+
+tvm = _Deferred("tvm")
 
 # The source of this module is part of every cache key: a change to the lowering never loads a
 # kernel compiled by the old one (nor reuses its measured times: codegen.program's signatures).
@@ -135,9 +150,9 @@ def _divided(scope: Scope) -> set[str]:
 
 @dataclass
 class _Stage:
-    """A ``te.compute`` stage and what the scheduler needs to know about it."""
+    """A ``tvm.te.compute`` stage and what the scheduler needs to know about it."""
 
-    tensor: te.Tensor
+    tensor: tvm.te.Tensor
     shape: tuple[int, ...]
     summation: tuple[Iterator, ...] = ()
     traversal: tuple[str, ...] = ()  # iterator names (none for a padding stage)
@@ -168,45 +183,45 @@ class _Lowering:
         self.ix_dtype = ix_dtype
         self.fits_int32 = True  # no index or buffer offset can exceed int32 (else lower with int64)
         self.inputs = {
-            name: te.placeholder(self._shape(shape), dtype, name) for name, shape in tensor_shapes(scope).items()
+            name: tvm.te.placeholder(self._shape(shape), dtype, name) for name, shape in tensor_shapes(scope).items()
         }
-        self.scopes: dict[Scope, te.Tensor] = {}
-        self.padded: dict[tuple, te.Tensor] = {}
+        self.scopes: dict[Scope, tvm.te.Tensor] = {}
+        self.padded: dict[tuple, tvm.te.Tensor] = {}
         self.stages: list[_Stage] = []
         self.building: list[_Building] = []  # a stack: stages build their nested stages
         self.names = (f"s{k}" for k in itertools.count())  # block names, unique
         self.output = self.stage(scope, "out")
 
     def _shape(self, shape) -> tuple:
-        return tuple(tirx.const(d, self.ix_dtype) for d in shape)
+        return tuple(tvm.tirx.const(d, self.ix_dtype) for d in shape)
 
     # -- stages
-    def stage(self, scope: Scope, name: str) -> te.Tensor:
+    def stage(self, scope: Scope, name: str) -> tvm.te.Tensor:
         """The stage computing ``scope`` over its box (memoised: equal scopes share a value)."""
         if scope not in self.scopes:
             self.building.append(_Building(scope))
             names = [it.name for it in scope.traversal]
-            fcompute = lambda *axes: self._compute(scope, axes)  # noqa: E731 (te.compute reads its signature)
-            tensor = te.compute(self._shape(scope.shape), fcompute, name, varargs_names=names)
+            fcompute = lambda *axes: self._compute(scope, axes)  # noqa: E731 (tvm.te.compute reads its signature)
+            tensor = tvm.te.compute(self._shape(scope.shape), fcompute, name, varargs_names=names)
             built = self.building.pop()
             reads, divided = tuple(built.reads), frozenset(built.divided)
             self.stages.append(_Stage(tensor, scope.shape, scope.summation, tuple(names), reads, divided))
             self.scopes[scope] = tensor
         return self.scopes[scope]
 
-    def _compute(self, scope: Scope, axes) -> tirx.PrimExpr:
-        env = {it.name: ax + tirx.const(it.lo, self.ix_dtype) for it, ax in zip(scope.traversal, axes)}
-        reduce_axes = [te.reduce_axis(self._range(it.size), name=it.name) for it in scope.summation]
-        env.update({it.name: ax.var + tirx.const(it.lo, self.ix_dtype) for it, ax in zip(scope.summation, reduce_axes)})
+    def _compute(self, scope: Scope, axes) -> tvm.tirx.PrimExpr:
+        env = {it.name: ax + tvm.tirx.const(it.lo, self.ix_dtype) for it, ax in zip(scope.traversal, axes)}
+        reduce_axes = [tvm.te.reduce_axis(self._range(it.size), name=it.name) for it in scope.summation]
+        env.update({it.name: ax.var + tvm.tirx.const(it.lo, self.ix_dtype) for it, ax in zip(scope.summation, reduce_axes)})
         value = self.scalar(scope.body, env, _box(scope))
         if not reduce_axes:
             return value
-        return (te.max if scope.reduce == "max" else te.sum)(value, axis=reduce_axes)
+        return (tvm.te.max if scope.reduce == "max" else tvm.te.sum)(value, axis=reduce_axes)
 
     def _range(self, size: int) -> tuple:
-        return (tirx.const(0, self.ix_dtype), tirx.const(size, self.ix_dtype))
+        return (tvm.tirx.const(0, self.ix_dtype), tvm.tirx.const(size, self.ix_dtype))
 
-    def padded_copy(self, key, source: te.Tensor, shape, pads) -> te.Tensor:
+    def padded_copy(self, key, source: tvm.te.Tensor, shape, pads) -> tvm.te.Tensor:
         """``source`` with ``pads[d] = (before, after)`` zeros around each dimension d."""
         if (key, pads) not in self.padded:
             big = tuple(d + a + b for d, (a, b) in zip(shape, pads))
@@ -219,22 +234,22 @@ class _Lowering:
                     if cond is not None
                 ]
                 load = source[tuple(x - a for x, (a, _) in zip(p, pads))]
-                return tirx.if_then_else(tirx.all(*inside), load, self.zero)
+                return tvm.tirx.if_then_else(tvm.tirx.all(*inside), load, self.zero)
 
-            tensor = te.compute(self._shape(big), fcompute, f"pad_{next(self.names)}")
+            tensor = tvm.te.compute(self._shape(big), fcompute, f"pad_{next(self.names)}")
             self.stages.append(_Stage(tensor, big))
             self.padded[key, pads] = tensor
         return self.padded[key, pads]
 
     # -- scalars
     @property
-    def zero(self) -> tirx.PrimExpr:
-        return tirx.const(0.0, self.dtype)
+    def zero(self) -> tvm.tirx.PrimExpr:
+        return tvm.tirx.const(0.0, self.dtype)
 
-    def scalar(self, body: Scalar, env, box) -> tirx.PrimExpr:
+    def scalar(self, body: Scalar, env, box) -> tvm.tirx.PrimExpr:
         match body:
             case Num(value):
-                return tirx.const(value, self.dtype)
+                return tvm.tirx.const(value, self.dtype)
             case Access(source, indices):
                 return self.read(source, indices, [], env, box)
             case Unary(fn, arg):
@@ -243,25 +258,25 @@ class _Lowering:
                 return self.binary(op, self.scalar(lhs, env, box), self.scalar(rhs, env, box))
         raise CodegenError(f"cannot lower {body!r}")
 
-    def unary(self, fn: str, x: tirx.PrimExpr) -> tirx.PrimExpr:
-        half = tirx.const(0.5, self.dtype)
+    def unary(self, fn: str, x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
+        half = tvm.tirx.const(0.5, self.dtype)
         match fn:
             case "neg":
                 return -x
             case "relu":
-                return tirx.max(x, self.zero)
+                return tvm.tirx.max(x, self.zero)
             case "exp":
-                return tirx.exp(x)
+                return tvm.tirx.exp(x)
             case "tanh":
-                return tirx.tanh(x)
+                return tvm.tirx.tanh(x)
             case "sigmoid":  # the reference's formula, so results agree to rounding
-                return half * (tirx.const(1.0, self.dtype) + tirx.tanh(half * x))
+                return half * (tvm.tirx.const(1.0, self.dtype) + tvm.tirx.tanh(half * x))
             case "sqrt":
-                return tirx.sqrt(x)
+                return tvm.tirx.sqrt(x)
         raise CodegenError(f"unknown function {fn!r}")
 
     @staticmethod
-    def binary(op: str, a: tirx.PrimExpr, b: tirx.PrimExpr) -> tirx.PrimExpr:
+    def binary(op: str, a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
         match op:
             case "+":
                 return a + b
@@ -272,11 +287,11 @@ class _Lowering:
             case "/":
                 return a / b
             case "max":
-                return tirx.max(a, b)
+                return tvm.tirx.max(a, b)
         raise CodegenError(f"unknown operator {op!r}")
 
     # -- reads
-    def read(self, source, indices, conditions, env, box) -> tirx.PrimExpr:
+    def read(self, source, indices, conditions, env, box) -> tvm.tirx.PrimExpr:
         """``source[indices]``, 0 outside its bounds and wherever a ``(index, lo, hi)`` condition
         of an inlined scope fails; only conditions the bounds do not prove become code."""
         if isinstance(source, Scope) and _is_reindexing(source):
@@ -302,7 +317,7 @@ class _Lowering:
             buffer = self.padded_copy(key, buffer, shape, pads)
             lows = [lo - a for lo, (a, _) in zip(lows, pads)]
             checks, bounds = checks[: len(conditions)], bounds[: len(conditions)]
-        position = tuple(self.index(ix, env, box) - tirx.const(lo, self.ix_dtype) for ix, lo in zip(indices, lows))
+        position = tuple(self.index(ix, env, box) - tvm.tirx.const(lo, self.ix_dtype) for ix, lo in zip(indices, lows))
         load = buffer[position]
         buffer_shape = tuple(int(d) for d in buffer.shape)
         self.building[-1].reads.append((tuple(indices), buffer_shape))
@@ -311,10 +326,10 @@ class _Lowering:
         for (ix, lo, hi), (b_lo, b_hi) in zip(checks, bounds):
             value = self.index(ix, env, box)
             if b_lo < lo:
-                guards.append(value >= tirx.const(lo, self.ix_dtype))
+                guards.append(value >= tvm.tirx.const(lo, self.ix_dtype))
             if b_hi >= hi:
-                guards.append(value < tirx.const(hi, self.ix_dtype))
-        return tirx.if_then_else(tirx.all(*guards), load, self.zero) if guards else load
+                guards.append(value < tvm.tirx.const(hi, self.ix_dtype))
+        return tvm.tirx.if_then_else(tvm.tirx.all(*guards), load, self.zero) if guards else load
 
     def _along_lanes(self, outside, indices, shape) -> bool:
         """Whether a bounds check would vary along vector lanes: the innermost traversal loop, or
@@ -326,12 +341,12 @@ class _Lowering:
         lanes -= _divided(scope)  # the scheduler keeps lanes off these: no check varies along lanes
         return any(index_vars(ix) & lanes for ix in outside)
 
-    def index(self, ix: Index, env, box) -> tirx.PrimExpr:
+    def index(self, ix: Index, env, box) -> tvm.tirx.PrimExpr:
         match ix:
             case Var(name):
                 return env[name]
             case Lit(value):
-                return tirx.const(value, self.ix_dtype)
+                return tvm.tirx.const(value, self.ix_dtype)
             case IndexNeg(arg):
                 return -self.index(arg, env, box)
             case IndexOp("/" | "%" as op, lhs, rhs):
@@ -341,7 +356,7 @@ class _Lowering:
                 return a + b if op == "+" else a - b if op == "-" else a * b
         raise CodegenError(f"cannot lower index {ix!r}")
 
-    def floor(self, op: str, lhs: Index, divisor: int, env, box) -> tirx.PrimExpr:
+    def floor(self, op: str, lhs: Index, divisor: int, env, box) -> tvm.tirx.PrimExpr:
         """Floor division or modulo as truncated ones of a numerator shifted to be non-negative
         over the box (``x/d = (x + k*d)/d - k``). TVM 0.27's buffer flattening simplifies
         ``floordiv``/``floormod`` of numerators with negative coefficients wrongly (e.g.
@@ -350,11 +365,11 @@ class _Lowering:
         so the scheduler keeps lanes off iterators recorded here."""
         self.building[-1].divided.update(index_vars(lhs))
         shift = max(0, -(index_bounds(lhs, box)[0] // divisor))  # k = ceil(-lo / d) when lo < 0
-        numerator = self.index(lhs, env, box) + tirx.const(shift * divisor, self.ix_dtype)
-        d = tirx.const(divisor, self.ix_dtype)
+        numerator = self.index(lhs, env, box) + tvm.tirx.const(shift * divisor, self.ix_dtype)
+        d = tvm.tirx.const(divisor, self.ix_dtype)
         if op == "%":
-            return tirx.truncmod(numerator, d)
-        return tirx.truncdiv(numerator, d) - tirx.const(shift, self.ix_dtype)
+            return tvm.tirx.truncmod(numerator, d)
+        return tvm.tirx.truncdiv(numerator, d) - tvm.tirx.const(shift, self.ix_dtype)
 
 
 def _fits_int32(indices, lows, shape, box) -> bool:
@@ -386,7 +401,9 @@ class _Refused(Exception):
     """The loop nest is not the shape a schedule expects: the plain loops are used instead."""
 
 
-_FALLBACK = (s_tir.ScheduleError, _Refused)
+def _fallback() -> tuple[type[Exception], ...]:
+    """What makes the plain loops stand in for a schedule (looked up when raised: TVM loads lazily)."""
+    return (tvm.s_tir.ScheduleError, _Refused)
 
 
 def _lanes(extent: int, wanted: int) -> int:
@@ -450,7 +467,7 @@ def _tile_axis(extents, rows: int) -> tuple[int, int] | None:
     return None
 
 
-def _schedule_stage(sch: s_tir.Schedule, stage: _Stage, params: Schedule, native: int) -> None:
+def _schedule_stage(sch: tvm.s_tir.Schedule, stage: _Stage, params: Schedule, native: int) -> None:
     """Vectorise (a traversal loop, or a summation loop the reads run along) and parallelise."""
     if not stage.shape:
         return
@@ -465,7 +482,7 @@ def _schedule_stage(sch: s_tir.Schedule, stage: _Stage, params: Schedule, native
 _PARALLEL_ITERATIONS = 128  # enough chunks to balance threads; more only adds index arithmetic
 
 
-def _parallel(sch: s_tir.Schedule, loops: list, params: Schedule) -> None:
+def _parallel(sch: tvm.s_tir.Schedule, loops: list, params: Schedule) -> None:
     """Fuse the first ``params.parallel`` loops into a parallel loop; by default the fewest that
     give ``_PARALLEL_ITERATIONS`` iterations (fusing all makes tiny iterations that spend their
     time decoding the fused index)."""
@@ -574,8 +591,8 @@ def _native_lanes(target: tvm.target.Target, dtype: str) -> int:
 
 def _scheduled(lowering: _Lowering, params: Schedule | None, target) -> tvm.IRModule:
     """The kernel's module with ``params`` applied to every stage (None: the plain loops)."""
-    func = te.create_prim_func([*lowering.inputs.values(), lowering.output])
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    func = tvm.te.create_prim_func([*lowering.inputs.values(), lowering.output])
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     if params is not None:
         native = _native_lanes(target, lowering.dtype)
         used = _used_ops(lowering.output)
@@ -585,7 +602,7 @@ def _scheduled(lowering: _Lowering, params: Schedule | None, target) -> tvm.IRMo
     return sch.mod
 
 
-def _used_ops(output: te.Tensor) -> set:
+def _used_ops(output: tvm.te.Tensor) -> set:
     """The stages the output depends on: TVM folds a product with a padding 0 away, and with it
     the reads of its other factor, whose stage then never becomes a block."""
     used, stack = set(), [output]
@@ -603,7 +620,7 @@ def _module(scope: Scope, dtype: str, params: Schedule, target) -> tvm.IRModule:
     lowering = _lowered(scope, dtype, params.pad)
     try:
         return _scheduled(lowering, params, target)
-    except _FALLBACK:
+    except _fallback():
         return _scheduled(lowering, None, target)
 
 
@@ -735,6 +752,11 @@ def compile_scope(scope: Scope, *, dtype: str = "float32", schedule: Schedule | 
     if _export(executable, path):
         module = tvm.runtime.load_module(str(path))
     return TvmKernel(scope, dtype, schedule, target, module, path if path.exists() else None, False)
+
+
+def load_kernel(scope: Scope, library: Path, dtype: str, schedule: Schedule, target="llvm") -> TvmKernel:
+    """A kernel saved as a shared library (``CompiledProgram.save``), for ``scope``."""
+    return TvmKernel(scope, dtype, schedule, host_target(target), tvm.runtime.load_module(str(library)), library, True)
 
 
 def _export(executable, path: Path) -> bool:

@@ -1,18 +1,26 @@
 """rewriter: a derivation-based tensor program superoptimizer (OLLIE on equality saturation).
 
-    from rewriter import parse, evaluate, conv2d, ...
+    from rewriter import parse, evaluate, derive, conv2d, ...
 
-The IR lives in ``rewriter.ir``, the notation in ``rewriter.printer``/``rewriter.parser``, the
-reference semantics in ``rewriter.reference``, the index algebra in ``rewriter.indexing``.
+The layers, bottom to top (each imports only those below it; see DESIGN.md):
+
+    ir          the language: nodes, notation, parser, builders
+    index       index algebra, integer sets (islpy), bijections
+    semantics   the reference semantics (evaluate)
+    egraph      the expression language in egglog, the e-graph, extraction
+    search      the rule DSL, fingerprints, explorative derivation
+    lower       operator records (iterator mapping tables), instantiation, post-processing
+    (codegen)   kernels to executables: BLAS, TVM, measurement (a top-level package)
+    pipeline    derive (Algorithm 2) and the program optimizer (Algorithm 1)
+    frontends   ONNX, PyTorch, the model zoo
+    testing     property-test harness and hypothesis strategies (needs hypothesis)
 """
 
-from . import builders
-from .builders import *  # noqa: F401,F403  (matmul, conv2d, ..., einsum: see builders.__all__)
-from .errors import ExpressionError
-from .reference import evaluate
+from .frontends import from_torch, load_onnx, zoo
 from .ir import (
     Access,
     Binary,
+    ExpressionError,
     Index,
     IndexNeg,
     IndexOp,
@@ -25,28 +33,21 @@ from .ir import (
     Tensor,
     Unary,
     Var,
+    builders,
+    parse,
+    parse_program,
     tensor_shapes,
 )
-from .parser import parse, parse_program
-from .derive import derive, derive_program
+from .ir.builders import *  # noqa: F403  (matmul, conv2d, ..., einsum: see builders.__all__)
+from .pipeline import derive, optimize_program
 from .search import explore
-from .onnx_frontend import load_onnx  # imports onnx only when called
-from .torch_frontend import from_torch  # imports torch only when called
+from .semantics import evaluate
 
 __all__ = [
     *builders.__all__,
-    "ExpressionError",
-    "derive",
-    "derive_program",
-    "evaluate",
-    "explore",
-    "from_torch",
-    "load_onnx",
-    "parse",
-    "parse_program",
-    "tensor_shapes",
     "Access",
     "Binary",
+    "ExpressionError",
     "Index",
     "IndexNeg",
     "IndexOp",
@@ -59,4 +60,14 @@ __all__ = [
     "Tensor",
     "Unary",
     "Var",
+    "derive",
+    "evaluate",
+    "explore",
+    "from_torch",
+    "load_onnx",
+    "optimize_program",
+    "parse",
+    "parse_program",
+    "tensor_shapes",
+    "zoo",
 ]

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ir import Scope
-from .parser import parse
+from rewriter.ir import Scope, parse
 
 
 @dataclass(frozen=True)

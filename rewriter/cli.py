@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from rich.console import Console
@@ -20,11 +22,14 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .cases import PUBLIC_CASES, CASES
-from .errors import ExpressionError
-from .reference import evaluate
-from .ir import tensor_shapes
-from .parser import parse
+from codegen.backend import CpuBackend, ReferenceBackend
+from codegen.measure import default_path
+
+from .cases import CASES, PUBLIC_CASES
+from .frontends import load_onnx, zoo
+from .ir import ExpressionError, parse, tensor_shapes
+from .pipeline import derive, load_optimized, optimize_program
+from .semantics import evaluate
 
 
 def _random_inputs(shapes: dict, seed: int = 0) -> dict[str, np.ndarray]:
@@ -91,12 +96,11 @@ def cmd_eval(args, console: Console) -> int:
 
 
 def cmd_derive(args, console: Console) -> int:
-    from .derive import derive
-
     shapes = dict(_parse_shape(s) for s in args.shape)
     expr = parse(args.expression, shapes) if args.expression not in CASES else CASES[args.expression].expression()
     start = time.perf_counter()
-    derivation = derive(expr, max_depth=args.max_depth, time_limit=args.time_limit, backend=args.backend, tune=args.tune)
+    backend = CpuBackend(tune=args.tune) if args.backend == "cpu" else ReferenceBackend()
+    derivation = derive(expr, max_depth=args.max_depth, time_limit=args.time_limit, backend=backend)
     elapsed = time.perf_counter() - start
     console.print(f"{len(derivation.candidates)} verified candidates in {elapsed:.1f} s")
     measured = args.backend == "cpu"
@@ -120,12 +124,6 @@ def cmd_derive(args, console: Console) -> int:
 
 def cmd_optimize(args, console: Console) -> int:
     """OLLIE Algorithm 1 on a model: import, derive every subprogram, verify, save, report."""
-    import json
-
-    from . import zoo
-    from .onnx_frontend import load_onnx
-    from .optimize import optimize_program
-
     source = zoo.build(args.model, small=args.small) if args.model in zoo.NAMES else args.model
     model = load_onnx(source)
     console.print(f"{args.model}: {len(model.program.definitions)} operators, inputs {model.inputs}")
@@ -148,7 +146,8 @@ def cmd_optimize(args, console: Console) -> int:
 
     with progress:
         optimized = optimize_program(model.program, model.weights, max_depth=args.max_depth, time_limit=args.time_limit,
-                                     subprogram_time_limit=args.subprogram_time_limit, tune=args.tune, on_subprogram=report)
+                                     subprogram_time_limit=args.subprogram_time_limit, backend=CpuBackend(tune=args.tune),
+                                     on_subprogram=report)
     rng = np.random.default_rng(args.seed)
     feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in model.inputs.items()}
     want = model.original(feeds)
@@ -167,8 +166,6 @@ def cmd_optimize(args, console: Console) -> int:
                   f"{sum(s.kernels_before for s in optimized.subprograms)}/{len(optimized.program.kernels)}", "")
     console.print(table)
     if args.out:
-        from codegen.measure import default_path
-
         meta = {"model": args.model, "names": model.names, "inputs": model.inputs, "outputs": list(model.outputs)}
         out = optimized.save(args.out, extra={"onnx.json": json.dumps(meta, indent=1)}, measurements=default_path())
         console.print(f"saved to {out}")
@@ -176,11 +173,6 @@ def cmd_optimize(args, console: Console) -> int:
 
 
 def _load_saved(directory):
-    import json
-    from pathlib import Path
-
-    from .optimize import load_optimized
-
     optimized = load_optimized(directory)
     meta_path = Path(directory) / "onnx.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}

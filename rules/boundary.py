@@ -1,8 +1,15 @@
 """Boundary relaxing and tightening (OLLIE section 4.2, Table 1)."""
 
-from rewriter.dsl import affine_index, fresh_name, rule
-from rewriter.indexing import affine_coefficients, index_bounds, padding_support, read_bounds, vanishes_outside
+from rewriter.index import (
+    affine_coefficients,
+    affine_index,
+    index_bounds,
+    padding_support,
+    read_bounds,
+    vanishes_outside,
+)
 from rewriter.ir import Iterator, Scope, Var, accesses, nested_reads, replace_subterm, substitute
+from rewriter.search.dsl import fresh_name, rule
 
 
 def _with_box(scope: Scope, box: dict) -> Scope:

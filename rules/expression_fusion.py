@@ -1,7 +1,7 @@
 """Expression fusion and merging across the expressions of a program (OLLIE 4.1, Figure 5)."""
 
-from rewriter.dsl import rule
 from rewriter.ir import Iterator, Program, Scope, Tensor, Var, replace_reads, tensor_shapes
+from rewriter.search.dsl import rule
 
 
 def _readers(program: Program, name: str) -> list[str]:

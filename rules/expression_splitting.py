@@ -1,8 +1,8 @@
 """Expression splitting and merging (OLLIE section 4.1, Table 1; Figure 5)."""
 
-from rewriter.dsl import rule
-from rewriter.indexing import affine_coefficients, index_bounds, simplify
+from rewriter.index import affine_coefficients, index_bounds, simplify
 from rewriter.ir import Access, Binary, Iterator, Lit, Scope, Tensor, Var
+from rewriter.search.dsl import rule
 
 
 @rule("expression splitting", section="4.1", kind="inter")

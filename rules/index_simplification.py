@@ -1,8 +1,8 @@
 """Index simplification (an eager clean-up; OLLIE 4.2 relies on it after every substitution)."""
 
-from rewriter.dsl import rule
-from rewriter.indexing import simplify
+from rewriter.index import simplify
 from rewriter.ir import Access, Scope, map_accesses
+from rewriter.search.dsl import rule
 
 
 @rule("index simplification", section="4.2", kind="eager")

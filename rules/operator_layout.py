@@ -1,9 +1,8 @@
 """Guided layout for operator matching (OLLIE section 5.2, iterator mismatches)."""
 
-from rewriter.dsl import rule, substitute_traversal
 from rewriter.ir import Access, Binary, Scope, Tensor, Var, index_vars
-
-from .operators import BATCH_MATMUL
+from rewriter.lower.operators import BATCH_MATMUL
+from rewriter.search.dsl import rule, substitute_traversal
 
 
 def _dim_order(access: Access, name: str) -> int:

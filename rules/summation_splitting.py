@@ -2,8 +2,8 @@
 
 from itertools import combinations
 
-from rewriter.dsl import rule
-from rewriter.ir import Scope, index_vars, accesses
+from rewriter.ir import Scope, accesses, index_vars
+from rewriter.search.dsl import rule
 
 
 @rule("summation splitting", section="4.2")

@@ -1,8 +1,8 @@
 """Traversal merging (OLLIE section 4.2, Table 1)."""
 
-from rewriter.dsl import rule
-from rewriter.indexing import index_bounds, padding_support
+from rewriter.index import index_bounds, padding_support
 from rewriter.ir import Access, Iterator, Scope, nested_reads, replace_subterm, substitute
+from rewriter.search.dsl import rule
 
 
 @rule("traversal merging", section="4.2", kind="eager")

@@ -2,9 +2,9 @@
 
 from itertools import product
 
-from rewriter.dsl import affine_index, fresh_name, rule, substitute_traversal
-from rewriter.indexing import affine_coefficients, vanishes_outside
+from rewriter.index import affine_coefficients, affine_index, vanishes_outside
 from rewriter.ir import Iterator, Scope, Var, accesses, substitute
+from rewriter.search.dsl import fresh_name, rule, substitute_traversal
 
 
 @rule("variable substitution", section="4.2")

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from rewriter import ExpressionError, Scope, Tensor, evaluate, parse
-from rewriter.builders import (
+from rewriter.cases import CASES
+from rewriter.ir import tensor_shapes
+from rewriter.ir.builders import (
     add,
     batch_matmul,
     binary,
@@ -33,8 +35,6 @@ from rewriter.builders import (
     tanh,
     unary,
 )
-from rewriter.cases import CASES
-from rewriter.ir import tensor_shapes
 
 
 def run(expr: Scope, seed: int = 0, positive: bool = False):

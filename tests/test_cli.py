@@ -51,7 +51,7 @@ def test_optimize_a_zoo_model_then_run_and_explain_the_saved_program(tmp_path, c
     np.save(tmp_path / "x.npy", x)
     assert main(["run", str(out), "--input", f"input={tmp_path / 'x.npy'}", "--out", str(tmp_path / "y.npy")]) == 0
     from rewriter import zoo
-    from rewriter.onnx_frontend import load_onnx
+    from rewriter.frontends.onnx import load_onnx
 
     want = load_onnx(zoo.build("srcnn", small=True)).run({"input": x})["output"]
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-3, atol=1e-3)

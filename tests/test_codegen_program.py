@@ -6,14 +6,14 @@ import sys
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from strategies import expressions
 
 from codegen.measure import MeasurementDB
 from codegen.program import compile_candidate, load
 from rewriter import derive, evaluate, matmul
 from rewriter.cases import CASES
-from rewriter.instantiate import instantiate, postprocess
+from rewriter.lower import instantiate, postprocess
 from rewriter.testing import random_inputs
-from strategies import expressions
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -126,7 +126,7 @@ def test_eoperator_fusion_is_kept_only_where_it_measures_faster(tmp_path, fused_
     from codegen.measure import Timing
     from codegen.program import _step
     from rewriter import parse
-    from rewriter.instantiate import Candidate, Kernel, fuse
+    from rewriter.lower import Candidate, Kernel, fuse
 
     shapes = {"A": (64, 48)}
     scale = Kernel("eop", "T0", parse("L i:64, j:48 ; 2 * A[i, j]", shapes))
@@ -148,7 +148,7 @@ def test_remeasure_times_shared_kernels_once_and_replaces_stale_timings(tmp_path
     from codegen.measure import Timing
     from codegen.program import remeasure
     from rewriter import parse
-    from rewriter.instantiate import Candidate, Kernel
+    from rewriter.lower import Candidate, Kernel
 
     shapes = {"A": (64, 48)}
     double = Kernel("eop", "T0", parse("L i:64, j:48 ; 2 * A[i, j]", shapes))
@@ -167,7 +167,7 @@ def _two_parts(db):
     """Part one: ``out = relu(ARG0 @ ARG1)`` (a BLAS matmul, then an eOperator); part two:
     ``out = 3 * ARG0^T`` (one eOperator); stitched as H = relu(X @ W), Y = 3 * H^T."""
     from rewriter import parse
-    from rewriter.instantiate import Candidate, Kernel
+    from rewriter.lower import Candidate, Kernel
 
     first = compile_candidate(Candidate([
         Kernel("eop", "T0", parse("L i:8, j:6 ; S k:5 ; ARG0[i, k] * ARG1[k, j]", {"ARG0": (8, 5), "ARG1": (5, 6)})),
@@ -204,7 +204,7 @@ def test_fusion_across_parts_only_at_boundaries_and_only_where_faster(tmp_path, 
     (a model output is not: it must stay). Either way the values are the same."""
     from codegen.measure import Timing
     from codegen.program import _step, fuse_boundaries, stitch
-    from rewriter.instantiate import fuse
+    from rewriter.lower import fuse
 
     db = MeasurementDB(tmp_path / "m.sqlite")
     parts, w = _two_parts(db)
@@ -225,8 +225,8 @@ def test_fusion_across_parts_refuses_a_fused_kernel_that_computes_something_else
     import codegen.program as program_module
     from codegen.measure import Timing
     from codegen.program import _step, fuse_boundaries, stitch
-    from rewriter.instantiate import Kernel
     from rewriter.ir import rename_tensors
+    from rewriter.lower import Kernel
 
     db = MeasurementDB(tmp_path / "m.sqlite")
     parts, _ = _two_parts(db)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-import rewriter.reference as reference
+import rewriter.semantics.reference as reference
 from rewriter import ExpressionError, evaluate, parse, parse_program
 from rewriter.cases import CASES
 

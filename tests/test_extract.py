@@ -2,15 +2,13 @@
 
 import numpy as np
 from hypothesis import given, settings
+from strategies import expressions
 
 from rewriter import evaluate, parse
-from rewriter.egraph import ExpressionGraph
-from rewriter.extract import extract
-from rewriter.fingerprint import canonical, fingerprint
-from rewriter.instantiate import instantiate, postprocess
-from rewriter.search import explore
+from rewriter.egraph import ExpressionGraph, extract
+from rewriter.lower import instantiate, postprocess
+from rewriter.search import canonical, explore, fingerprint
 from rewriter.testing import random_inputs
-from strategies import expressions
 
 
 def _text_length(scope, constants=frozenset()) -> float:
@@ -70,12 +68,12 @@ def test_derive_extraction_costs_measured_kernels_at_their_measured_time(tmp_pat
     from codegen.measure import MeasurementDB
     from codegen.program import compile_candidate
     from rewriter import matmul
-    from rewriter.derive import _Extraction
     from rewriter.ir import rename_tensors
+    from rewriter.pipeline.select import Extraction
 
     expr = matmul((32, 16), (16, 48))
     exploration = explore(expr, 0)
-    extraction = _Extraction(exploration.graph, expr, ())
+    extraction = Extraction(exploration.graph, expr, ())
     own = canonical(expr)
     analytic = postprocess(instantiate(own)).cost
     assert extraction.cost(own) == analytic

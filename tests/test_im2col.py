@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from codegen.im2col import im2col_call
 from codegen.program import compile_candidate
 from rewriter import evaluate, parse
-from rewriter.instantiate import Candidate, Kernel, instantiate, match_conv
+from rewriter.lower import Candidate, Kernel, instantiate, match_conv
 
 
 @st.composite

@@ -5,10 +5,12 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import indices, iterators, random_inputs, scopes
 
 from rewriter import ExpressionError, evaluate, parse
-from rewriter.indexing import (
+from rewriter.index import (
     Div,
     LinearForm,
     Mod,
@@ -29,7 +31,6 @@ from rewriter.indexing import (
     with_remainders,
 )
 from rewriter.ir import IndexOp, Iterator, Lit, Var, eval_index, substitute_index
-from strategies import indices, iterators, random_inputs, scopes
 
 FAST = settings(max_examples=60, deadline=None)
 

@@ -12,7 +12,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from rewriter import evaluate, parse_program, zoo  # noqa: E402
-from rewriter.onnx_frontend import SUPPORTED_OPS, OnnxImportError, load_onnx  # noqa: E402
+from rewriter.frontends.onnx import SUPPORTED_OPS, OnnxImportError, load_onnx  # noqa: E402
 
 
 def rnd(*shape, seed=0, low=None):

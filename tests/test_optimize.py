@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rewriter import evaluate, parse_program
-from rewriter.optimize import load_optimized, optimize_program
+from rewriter.pipeline import load_optimized, optimize_program
 
 
 def test_activations_fuse_and_equal_subprograms_are_searched_once_with_their_own_weights(tmp_path, monkeypatch):
@@ -41,7 +41,7 @@ def test_ctrl_c_keeps_what_was_derived_and_runs_the_rest_as_written(tmp_path, mo
     program still computes the model."""
     import importlib
 
-    derive_module = importlib.import_module("rewriter.derive")
+    derive_module = importlib.import_module("rewriter.pipeline.program")  # where optimize_program calls derive
     monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "cache"))
     shapes = {"X": (6, 5), "W1": (5, 5), "W2": (5, 3)}
     program = parse_program(
@@ -76,7 +76,7 @@ def test_every_zoo_model_optimizes_saves_and_runs_in_a_new_process(name, tmp_pat
     slower models (30-65 s each here) run with ``RUN_SLOW=1``."""
     pytest.importorskip("onnx")
     from rewriter import zoo
-    from rewriter.onnx_frontend import load_onnx
+    from rewriter.frontends.onnx import load_onnx
 
     env = dict(os.environ, REWRITER_CACHE=str(tmp_path / "cache"))
     out = tmp_path / name
@@ -103,8 +103,8 @@ def test_the_longformer_unfold_fuses_into_its_band_products():
     and no slice, pad or concat is left."""
     pytest.importorskip("onnx")
     from rewriter import zoo
-    from rewriter.onnx_frontend import load_onnx
-    from rewriter.optimize import fuse_elementwise
+    from rewriter.frontends.onnx import load_onnx
+    from rewriter.pipeline import fuse_elementwise
 
     model = load_onnx(zoo.build("longformer", small=True))
     fused = fuse_elementwise(model.program)
@@ -117,7 +117,7 @@ def test_the_longformer_unfold_fuses_into_its_band_products():
 def test_parallel_definitions_merge_into_a_batched_one_where_it_costs_less():
     """Q, K and V projections share their input: one batched definition computes all three and
     each is read back as a view, where the cost says the batched one is cheaper."""
-    from rewriter.optimize import merge_parallel
+    from rewriter.pipeline import merge_parallel
 
     shapes = {"X": (6, 4), "Wq": (4, 4), "Wk": (4, 4), "Wv": (4, 4)}
     program = parse_program(

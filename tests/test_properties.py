@@ -16,7 +16,17 @@ import itertools
 import math
 
 import numpy as np
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import (
+    ALL_FUNCTIONS,
+    expressions,
+    expressions_with_inputs,
+    inputs_for,
+    programs,
+    programs_with_inputs,
+    wide_constants,
+)
 
 from rewriter import evaluate, parse, parse_program
 from rewriter.ir import (
@@ -36,15 +46,6 @@ from rewriter.ir import (
     eval_index,
     nested_scopes,
     tensor_shapes,
-)
-from strategies import (
-    ALL_FUNCTIONS,
-    expressions,
-    expressions_with_inputs,
-    inputs_for,
-    programs,
-    programs_with_inputs,
-    wide_constants,
 )
 
 # The module that defines evaluate() (and its CHUNK_ELEMENTS threshold), whatever its name.

@@ -6,13 +6,13 @@ see plenty of inputs; named examples replay the steps of the paper's Figure 6.
 """
 
 import pytest
-from hypothesis import given, note, strategies as st
+from hypothesis import given, note
+from hypothesis import strategies as st
+from strategies import expressions
 
 from rewriter import ExpressionError, Iterator, Scope, Var, parse
-from rewriter.dsl import RuleError, pattern, registered, rule, substitute_traversal
-from rewriter.fingerprint import fingerprint
+from rewriter.search import RuleError, fingerprint, pattern, registered, rule, substitute_traversal
 from rewriter.testing import applications, assert_sound
-from strategies import expressions
 
 RULES = {r.name: r for r in registered()}
 
@@ -186,8 +186,9 @@ def test_rules_keep_values_on_a_padding_heavy_case():
 # ---------------------------------------------------------------------------------------------
 # Inter-expression rules (OLLIE 4.1) on programs
 
-from rewriter import parse_program  # noqa: E402
 from strategies import programs  # noqa: E402
+
+from rewriter import parse_program  # noqa: E402
 
 
 @pytest.mark.parametrize("name", PROGRAM_RULES)

@@ -4,14 +4,14 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, note, settings, strategies as st
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+from strategies import expressions
 
 from rewriter import ExpressionError, Iterator, Scope, evaluate, parse
-from rewriter.fingerprint import canonical, fingerprint
-from rewriter.ir import substitute, Var
-from rewriter.search import explore, replace_at, scopes_at
+from rewriter.ir import Var, replace_at, scopes_at, substitute
+from rewriter.search import canonical, explore, fingerprint
 from rewriter.testing import random_inputs
-from strategies import expressions
 
 CONV = "L n:1, h:{H}, w:{H}, f:{F} ; S c:{C}, r:3, s:3 ; A[n, h+r-1, w+s-1, c] * K[r, s, f, c]"
 
@@ -151,8 +151,8 @@ def test_explore_refuses_bad_arguments():
 def test_pattern_rules_run_natively_in_the_egraph():
     from egglog import rewrite, vars_
 
-    from rewriter.dsl import pattern, registered
     from rewriter.egraph import ScalarTerm
+    from rewriter.search import pattern, registered
 
     (x,) = vars_("x", ScalarTerm)
     two = ScalarTerm.num(2.0)

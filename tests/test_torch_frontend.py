@@ -17,8 +17,8 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from rewriter import evaluate  # noqa: E402
-from rewriter import torch_frontend  # noqa: E402
-from rewriter.torch_frontend import SUPPORTED_OPS, TorchImportError, from_torch, register, rewriter_backend  # noqa: E402
+from rewriter.frontends import torch as torch_frontend  # noqa: E402
+from rewriter.frontends.torch import SUPPORTED_OPS, TorchImportError, from_torch, register, rewriter_backend
 
 # torch.export's own deprecation noise
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")
@@ -255,5 +255,5 @@ def test_register_is_idempotent_and_names_the_backend(monkeypatch):
 
 
 def test_importing_rewriter_does_not_import_torch():
-    code = "import sys, rewriter, rewriter.torch_frontend; assert 'torch' not in sys.modules"
+    code = "import sys, rewriter, rewriter.frontends.torch; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])

@@ -20,11 +20,11 @@ from typing import Mapping
 
 import numpy as np
 
-from .errors import ExpressionError
-from .indexing import affine_coefficients, index_bounds
-from .ir import (
+from rewriter.index import affine_coefficients, index_bounds
+from rewriter.ir import (
     Access,
     Binary,
+    ExpressionError,
     Iterator,
     Num,
     Program,

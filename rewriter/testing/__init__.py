@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dsl import Rule
-from .ir import Program, Scope, tensor_shapes
-from .reference import evaluate
-from .search import replace_at, scopes_at
+from rewriter.ir import Program, Scope, replace_at, scopes_at, tensor_shapes
+from rewriter.search import Rule
+from rewriter.semantics import evaluate
 
 
 def applications(rule_: Rule, expr: Scope | Program) -> list:

@@ -31,8 +31,10 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from .errors import ExpressionError
-from .ir import Program, Scope
+from egglog import EGraph
+
+from rewriter.index import check_substitution
+from rewriter.ir import ExpressionError, Program, Scope, substitute
 
 KINDS = ("explorative", "eager", "guided", "inter")
 
@@ -134,8 +136,6 @@ def pattern(name: str, *, section: str, doc: str, rewrites, kind: str = "eager",
     refusal surfaces here, at registration, as a RuleError.
     """
     rewrites = tuple(rewrites) if isinstance(rewrites, (list, tuple)) else (rewrites,)
-    from egglog import EGraph
-
     try:
         EGraph().register(*rewrites)  # egglog type-checks the rewrites and their variables
     except Exception as err:  # egglog raises several types; all mean a malformed rule
@@ -179,28 +179,10 @@ def substitute_traversal(scope: Scope, new_traversal, forward: dict, inverse: di
     traversal iterator to its index in the new ones (phi^-1). Refused with a RuleError unless
     phi is injective on the old box, lands inside the new box, and phi^-1(phi(x)) = x there.
     """
-    from .bijection import check_substitution
-    from .ir import substitute
-
     new_traversal = tuple(new_traversal)
-    check_substitution(scope, new_traversal, forward, inverse)
+    try:
+        check_substitution(scope, new_traversal, forward, inverse)
+    except ExpressionError as err:
+        raise RuleError(str(err)) from None
     inner = Scope(new_traversal, scope.summation, substitute(scope.body, inverse), scope.reduce)
     return Scope(scope.traversal, (), inner[tuple(forward[it.name] for it in new_traversal)])
-
-
-def affine_index(coefficients: dict, constant: int = 0):
-    """A readable index ``c1*x1 + c2*x2 - ... + constant`` (unit coefficients left out)."""
-    from .ir import Lit, Var
-
-    result = None
-    for name, c in coefficients.items():
-        if c == 0:
-            continue
-        term = Var(name) if abs(c) == 1 else abs(c) * Var(name)
-        if result is None:
-            result = term if c > 0 else (-term if abs(c) == 1 else (-abs(c)) * Var(name))
-        else:
-            result = result + term if c > 0 else result - term
-    if result is None:
-        return Lit(constant)
-    return result + constant if constant else result

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +28,13 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .errors import ExpressionError
-from .fingerprint import fingerprint
-from .instantiate import Candidate, Kernel, instantiate
-from .ir import Access, Program, Scope, nested_scopes, rename_tensors, tensor_shapes
+from codegen.backend import Backend, as_backend
+from codegen.program import Fusion, load
+from rewriter.ir import Access, ExpressionError, Program, Scope, nested_scopes, parse, rename_tensors, tensor_shapes
+from rewriter.lower import Candidate, Kernel, instantiate
+from rewriter.search import eager_closure, fingerprint, registered
+
+from .derive import derive
 
 
 @dataclass
@@ -111,18 +115,12 @@ class OptimizedProgram:
 
 def _snapshot(database: str | Path, target: Path) -> None:
     """A copy of an sqlite database that may be in use (sqlite's online backup)."""
-    import sqlite3
-
     with sqlite3.connect(database) as source, sqlite3.connect(target) as copy:
         source.backup(copy)
 
 
 def load_optimized(directory: str | Path) -> OptimizedProgram:
     """An optimized program saved by ``OptimizedProgram.save``: runs without searching."""
-    from codegen.program import Fusion, load
-
-    from .parser import parse
-
     directory = Path(directory)
     try:
         meta = json.loads((directory / "model.json").read_text())
@@ -144,8 +142,6 @@ def merge_parallel(program: Program, cost: Callable[[Scope], float]) -> Program:
     views (attention's Q, K and V projections, which share their input) is taken where the
     batched definition's ``cost`` (measured: its best derivation) is below the n definitions'
     together. A stacked weight costs nothing: it is computed at build time."""
-    from .dsl import registered
-
     tried: set = set()
     changed = True
     while changed:
@@ -185,8 +181,6 @@ def fuse_elementwise(program: Program) -> Program:
     transpose stays a copy that leaves the reader's operand in a layout operators match. The
     eager rules simplify every definition first and after each fusion, so that a view is seen
     as one (a Slice + Concat unfold merges into one read)."""
-    from .dsl import registered
-
     eager = registered("eager")
     program = Program(tuple((name, _closed(expr, eager)) for name, expr in program.definitions), program.outputs)
     changed = True
@@ -213,8 +207,6 @@ def fuse_elementwise(program: Program) -> Program:
 
 
 def _closed(expr: Scope, eager) -> Scope:
-    from .search import eager_closure
-
     return eager_closure(expr, eager)[0]
 
 
@@ -238,7 +230,7 @@ def optimize_program(
     max_depth: int = 3,
     time_limit: float | None = None,
     subprogram_time_limit: float | None = 60.0,
-    tune: int = 0,
+    backend: str | Backend = "cpu",
     on_subprogram: Callable[[Subprogram, int, int], None] | None = None,
 ) -> OptimizedProgram:
     """OLLIE Algorithm 1. Merge parallel definitions where that measures faster
@@ -246,19 +238,17 @@ def optimize_program(
     neighbours (``fuse_elementwise``), derive every definition of ``program`` (``weights``: the
     constant inputs, bound into the compiled programs), deduplicated, stitch the best programs
     into one, and post-process it: eOperators fuse across subprogram boundaries where that
-    measures faster (``codegen.program.fuse_boundaries``). ``time_limit`` bounds the whole
-    search, ``subprogram_time_limit`` each subprogram's; ``tune`` races that many TVM schedules
-    per generated kernel; ``on_subprogram(sub, k, n)`` reports progress."""
-    from codegen.measure import MeasurementDB
-    from codegen.program import fuse_boundaries, stitch
-
+    measures faster (``backend.fuse_boundaries``). ``time_limit`` bounds the whole search,
+    ``subprogram_time_limit`` each subprogram's; ``backend`` compiles and measures (a
+    ``codegen.backend`` object or its name: ``CpuBackend(tune=N)`` races N TVM schedules per
+    generated kernel); ``on_subprogram(sub, k, n)`` reports progress."""
     if not isinstance(program, Program):
         raise ExpressionError(f"optimize_program() takes a Program, got {type(program).__name__}")
-    db = MeasurementDB()
+    backend = as_backend(backend)
     deadline = None if time_limit is None else time.perf_counter() + time_limit
     interrupted = False
     try:
-        program = merge_parallel(program, lambda expr: _measured_cost(expr, weights, db))
+        program = merge_parallel(program, lambda expr: _measured_cost(expr, weights, backend))
     except KeyboardInterrupt:  # Ctrl-C: nothing merged; every subprogram runs as written
         interrupted = True
     program = fuse_elementwise(program)
@@ -270,33 +260,29 @@ def optimize_program(
         budget = min((t for t in (remaining, subprogram_time_limit) if t is not None), default=None)
         searched = not interrupted and (budget is None or budget > 0)
         try:
-            sub, compiled = _subprogram(name, expr, weights, derived, db, max_depth if searched else None, budget, tune)
+            sub, compiled = _subprogram(name, expr, weights, derived, backend, max_depth if searched else None, budget)
         except KeyboardInterrupt:  # this one and the rest run as written
             interrupted = True
-            sub, compiled = _subprogram(name, expr, weights, derived, db, None, None, tune)
+            sub, compiled = _subprogram(name, expr, weights, derived, backend, None, None)
         subprograms.append(sub)
         parts.append((compiled, _global_names(sub, compiled, taken)))
         if on_subprogram:
             on_subprogram(sub, index, len(program.definitions))
     inputs = {n: s for n, s in program.inputs.items() if n not in weights}
-    stitched, fusions = stitch(parts, inputs), []
+    stitched, fusions = backend.stitch(parts, inputs), []
     if not interrupted and (deadline is None or time.perf_counter() < deadline):
         try:
             boundaries = {name for name, _ in program.definitions} - set(program.outputs)
-            stitched, fusions = fuse_boundaries(stitched, boundaries, db, tune)
+            stitched, fusions = backend.fuse_boundaries(stitched, boundaries)
         except KeyboardInterrupt:  # Ctrl-C: the stitched program as derived
             pass
     return OptimizedProgram(inputs, program.outputs, subprograms, stitched, fusions)
 
 
-def _subprogram(name: str, expr: Scope, weights, derived: dict, db, max_depth: int | None, budget: float | None, tune: int):
+def _subprogram(name: str, expr: Scope, weights, derived: dict, backend: Backend, max_depth: int | None, budget: float | None):
     """The subprogram ``name = expr`` derived (``max_depth`` None: as written, one TVM kernel),
     or reused from ``derived`` (equal subprograms up to tensor names), and its compiled program
     over positional names with its weights bound."""
-    from codegen.program import CompiledProgram, compile_candidate
-
-    from .derive import derive
-
     positional, arguments, constant = _positional(expr, weights)
     key = (fingerprint(positional), positional.shape, tuple(tensor_shapes(positional).items()), constant)
     bound = {a: weights[t] for a, t in arguments.items() if t in weights}
@@ -304,21 +290,21 @@ def _subprogram(name: str, expr: Scope, weights, derived: dict, db, max_depth: i
     start = time.perf_counter()
     if key in derived:  # searched once already: same kernels, this subprogram's weights
         first, original_s, explain = derived[key]
-        compiled = CompiledProgram(first.steps, first.inputs, first.dtype, first.source).bind(bound)
+        compiled = first.rebound(bound)
         state, search_s = "reused", 0.0
     elif max_depth is None:
-        compiled = compile_candidate(Candidate([Kernel("eop", "out", positional)]), tensor_shapes(positional), db=db)
-        compiled.measure(db)
+        compiled = backend.compile(Candidate([Kernel("eop", "out", positional)]), tensor_shapes(positional))
+        backend.measure(compiled)
         compiled.bind(bound)
         state, search_s, original_s, explain = "identity", 0.0, compiled.cost, "not searched"
     else:
-        derivation = derive(positional, max_depth, time_limit=budget, weights=constant, db=db, tune=tune)
+        derivation = derive(positional, max_depth, time_limit=budget, weights=constant, backend=backend)
         best = derivation.best
         as_written = (p for p in derivation.candidates if p.source is None and [k.kind for k in p.kernels] == ["eop"])
         original_s = next(as_written, best).cost  # (the identity is dropped only if its compiled form disagreed)
         explain = derivation.explain(best)
         derived[key] = (best, original_s, explain)
-        compiled = CompiledProgram(best.steps, best.inputs, best.dtype, best.source).bind(bound)
+        compiled = best.rebound(bound)
         state, search_s = "derived", time.perf_counter() - start
     kinds = tuple(k.kind for k in compiled.kernels)
     sub = Subprogram(name, expr, kinds, arguments, state, original_s, compiled.cost, search_s, explain, kernels_before)
@@ -346,10 +332,8 @@ def _positional(expr: Scope, weights) -> tuple[Scope, dict[str, str], tuple[str,
     return positional, arguments, tuple(a for a, t in arguments.items() if t in weights)
 
 
-def _measured_cost(expr: Scope, weights, db) -> float:
+def _measured_cost(expr: Scope, weights, backend: Backend) -> float:
     """Seconds of the best program ``derive`` finds for ``expr`` without explorative steps
     (operator matching and layouts only), compiled and measured."""
-    from .derive import derive
-
     positional, _, constant = _positional(expr, weights)
-    return derive(positional, 0, weights=constant, db=db).best.cost
+    return derive(positional, 0, weights=constant, backend=backend).best.cost

@@ -35,7 +35,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .builders import (
+from rewriter.ir import ExpressionError, Lit, Program, Scope, Tensor, Unary, Var, smax
+from rewriter.ir.builders import (
     add,
     batch_matmul,
     binary,
@@ -53,20 +54,9 @@ from .builders import (
     tanh,
     unary,
 )
-from .errors import ExpressionError
-from .ir import Lit, Program, Scope, Tensor, Unary, Var, smax
-from .onnx_frontend import (
-    Model,
-    _concat,
-    _elementwise,
-    _iterators,
-    _Names,
-    _pad,
-    _pool,
-    _reshaped,
-    _slice,
-    _transpose,
-)
+from rewriter.pipeline import optimize_program
+
+from .onnx import Model, _concat, _elementwise, _iterators, _Names, _pad, _pool, _reshaped, _slice, _transpose
 
 __all__ = ["TorchImportError", "from_torch", "rewriter_backend", "register", "SUPPORTED_OPS"]
 
@@ -707,8 +697,6 @@ BACKEND_SUBPROGRAM_SECONDS = 10.0
 
 def _optimized(model: Model):
     """The graph's program derived, compiled and verified subprogram by subprogram."""
-    from .optimize import optimize_program
-
     return optimize_program(model.program, model.weights, max_depth=BACKEND_MAX_DEPTH, subprogram_time_limit=BACKEND_SUBPROGRAM_SECONDS)
 
 

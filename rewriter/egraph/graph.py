@@ -46,6 +46,8 @@ from typing import Any, Callable, Union
 
 from egglog import (
     EGraph as EgglogGraph,
+)
+from egglog import (
     Expr,
     Ruleset,
     Schedule,
@@ -57,13 +59,29 @@ from egglog import (
     method,
     rewrite,
     ruleset,
-    run as run_schedule,
     vars_,
+)
+from egglog import (
+    run as run_schedule,
 )
 from egglog.egraph import _CostModel  # private, but the only way to plug a Python cost model into a raw extractor
 
-from .errors import ExpressionError
-from .ir import Access, Binary, Index, IndexNeg, IndexOp, Iterator, Lit, Num, Scalar, Scope, Tensor, Unary, Var
+from rewriter.ir import (
+    Access,
+    Binary,
+    ExpressionError,
+    Index,
+    IndexNeg,
+    IndexOp,
+    Iterator,
+    Lit,
+    Num,
+    Scalar,
+    Scope,
+    Tensor,
+    Unary,
+    Var,
+)
 
 __all__ = [
     "IndexTerm",

@@ -19,9 +19,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .dsl import affine_index
-from .indexing import affine_coefficients, index_bounds
-from .ir import (
+from rewriter.index import affine_coefficients, affine_index, index_bounds
+from rewriter.ir import (
     Access,
     Binary,
     IndexOp,
@@ -38,7 +37,9 @@ from .ir import (
     replace_reads,
     tensor_shapes,
 )
-from .reference import evaluate
+from rewriter.semantics import evaluate
+
+from .operators import BATCH_MATMUL
 
 # The analytic stand-in for measured cost (seconds): a BLAS rate, a generated-kernel rate and
 # memory bandwidth of a small CPU. Codegen's measurements replace ``Candidate.cost``.
@@ -121,8 +122,6 @@ def _merged(names: list[str], strides: dict, sizes: dict) -> int | None:
 
 def match_gemm(scope: Scope) -> GemmMatch | None:
     """A Matmul / BatchMatmul reading its operands in place, or None (Table 2, section 4.3.1)."""
-    from rules.operators import BATCH_MATMUL
-
     body = scope.body
     if scope.reduce != "sum" or not (isinstance(body, Binary) and body.op == "*"):
         return None

@@ -1,244 +1,50 @@
 """The expression IR: OLLIE's tensor algebra expressions (paper section 3).
 
 Everything here is an immutable, hashable dataclass, validated when it is built, and prints in the
-project's text notation (``str(obj)``), which ``rewriter.parse`` reads back to an equal object.
+project's text notation (``str(obj)``), which ``rewriter.ir.parse`` reads back to an equal object.
 
-    Index    integer expressions of iterators: Var, Lit, IndexNeg, IndexOp (+ - * / %)
+    Index    integer expressions of iterators (``rewriter.ir.indices``)
     Scalar   the body of a scope: Num, Access, Unary, Binary
     Scope    L traversal ; S summation ; body   (a scope can be read like a tensor: scope[i, j])
     Program  a DAG of named scopes connected by tensors
 
-Index division ``/`` is floor division and ``%`` its remainder, by positive constants only; a
-multiplication needs a constant on one side, so every index is quasi-affine. A read outside a
-tensor's bounds gives 0.
+A read outside a tensor's bounds gives 0.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from functools import lru_cache
 from dataclasses import dataclass
-from typing import Iterable, Iterator as PyIterator, Union
+from typing import Iterable, Union
+from typing import Iterator as PyIterator
 
 from .errors import ExpressionError
+from .indices import Index, Var, as_index, format_index, index_vars
+from .notation import (
+    ARITHMETIC,
+    ATOM,
+    BINARY_FUNCTIONS,
+    NEG,
+    PRECEDENCE,
+    REDUCTIONS,
+    UNARY_FUNCTIONS,
+    as_int,
+    cached_hash,
+    check_name,
+    format_number,
+    wrap,
+)
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
-# Words the notation reserves: the scope keywords and the function names.
-KEYWORDS = frozenset({"L", "S", "M", "return"})
-
-
-def _check_name(kind: str, name: object) -> None:
-    if not isinstance(name, str) or not _IDENTIFIER.match(name):
-        raise ExpressionError(f"{kind} name {name!r} is not an identifier")
-    if name in KEYWORDS or name in UNARY_FUNCTIONS or name in BINARY_FUNCTIONS:
-        raise ExpressionError(f"{kind} name {name!r} is a reserved word of the notation")
-
-
-def _as_int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        # numpy integers are fine; floats and everything else are not
-        if hasattr(value, "__index__") and not isinstance(value, bool):
-            return int(value.__index__())  # type: ignore[union-attr]
-        raise ExpressionError(f"{what} must be an integer, got {value!r}")
-    return value
+Box = dict  # iterator name -> (lo, hi), half-open
 
 
-def _cached_hash(self) -> int:
-    """Hash of a frozen IR node, computed once: trees are hashed often (memo and e-graph keys)."""
-    cached = self.__dict__.get("_hash")
-    if cached is None:
-        cached = hash((type(self).__name__, *(getattr(self, name) for name in self.__dataclass_fields__)))
-        object.__setattr__(self, "_hash", cached)
-    return cached
-
-
-# --------------------------------------------------------------------------------------------
-# Index expressions
-
-
-class Index:
-    """An integer expression of iterators. Python operators build trees: ``h + r - 1``."""
-
-    __slots__ = ()
-
-    def __add__(self, other: IndexLike) -> Index:
-        if isinstance(other, int) and other == 0:
-            return self
-        if isinstance(other, int) and other < 0:
-            return IndexOp("-", self, Lit(-other))
-        return IndexOp("+", self, as_index(other))
-
-    def __radd__(self, other: IndexLike) -> Index:
-        return IndexOp("+", as_index(other), self)
-
-    def __sub__(self, other: IndexLike) -> Index:
-        if isinstance(other, int) and other == 0:
-            return self
-        if isinstance(other, int) and other < 0:
-            return IndexOp("+", self, Lit(-other))
-        return IndexOp("-", self, as_index(other))
-
-    def __rsub__(self, other: IndexLike) -> Index:
-        return IndexOp("-", as_index(other), self)
-
-    def __mul__(self, other: IndexLike) -> Index:
-        return IndexOp("*", self, as_index(other))
-
-    def __rmul__(self, other: IndexLike) -> Index:
-        return IndexOp("*", as_index(other), self)
-
-    def __floordiv__(self, other: IndexLike) -> Index:
-        return IndexOp("/", self, as_index(other))
-
-    def __mod__(self, other: IndexLike) -> Index:
-        return IndexOp("%", self, as_index(other))
-
-    def __neg__(self) -> Index:
-        return IndexNeg(self)
-
-    def __str__(self) -> str:
-        from .printer import format_index
-
-        return format_index(self)
-
-
-@dataclass(frozen=True, eq=True)
-class Var(Index):
-    """An iterator used in an index."""
-
-    __hash__ = _cached_hash
-
-    name: str
-
-    def __post_init__(self) -> None:
-        _check_name("iterator", self.name)
-
-
-@dataclass(frozen=True)
-class Lit(Index):
-    """An integer constant in an index."""
-
-    __hash__ = _cached_hash
-
-    value: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "value", _as_int(self.value, "an index constant"))
-
-
-@dataclass(frozen=True)
-class IndexNeg(Index):
-    __hash__ = _cached_hash
-
-    arg: Index
-
-
-INDEX_OPS = ("+", "-", "*", "/", "%")
-
-
-@dataclass(frozen=True)
-class IndexOp(Index):
-    """``lhs op rhs``; ``*`` needs a constant side, ``/`` and ``%`` a positive constant divisor."""
-
-    __hash__ = _cached_hash
-
-    op: str
-    lhs: Index
-    rhs: Index
-
-    def __post_init__(self) -> None:
-        if self.op not in INDEX_OPS:
-            raise ExpressionError(f"unknown index operator {self.op!r}")
-        for side in (self.lhs, self.rhs):
-            if not isinstance(side, Index):
-                raise ExpressionError(f"index operand {side!r} is not an index expression")
-        if self.op == "*" and index_vars(self.lhs) and index_vars(self.rhs):
-            raise ExpressionError(
-                f"non-affine index {self}: it multiplies iterators "
-                f"{sorted(index_vars(self.lhs))} and {sorted(index_vars(self.rhs))}"
-            )
-        if self.op in "/%":
-            if index_vars(self.rhs):
-                raise ExpressionError(f"non-affine index {self}: the divisor must be a constant")
-            divisor = constant_value(self.rhs)
-            if divisor == 0:
-                raise ExpressionError(f"division by zero in index {self}")
-            if divisor < 0:
-                raise ExpressionError(f"non-positive divisor {divisor} in index {self}")
-
-
-IndexLike = Union[Index, int]
-
-
-def as_index(value: IndexLike | str) -> Index:
-    """An ``Index`` from an Index, an int or an iterator name."""
-    if isinstance(value, Index):
-        return value
-    if isinstance(value, str):
-        return Var(value)
-    return Lit(_as_int(value, "an index"))
-
-
-@lru_cache(maxsize=1 << 16)
-def index_vars(ix: Index) -> frozenset[str]:
-    """The iterator names an index reads (cached: the search asks about the same indices often)."""
-    match ix:
-        case Var(name):
-            return frozenset((name,))
-        case Lit():
-            return frozenset()
-        case IndexNeg(arg):
-            return index_vars(arg)
-        case IndexOp(_, lhs, rhs):
-            return index_vars(lhs) | index_vars(rhs)
-    raise ExpressionError(f"{ix!r} is not an index expression")
-
-
-def eval_index(ix: Index, env: dict) -> object:
-    """Evaluate an index on ints or integer numpy arrays (floor semantics for / and %)."""
-    match ix:
-        case Var(name):
-            return env[name]
-        case Lit(value):
-            return value
-        case IndexNeg(arg):
-            return -eval_index(arg, env)  # type: ignore[operator]
-        case IndexOp(op, lhs, rhs):
-            a, b = eval_index(lhs, env), eval_index(rhs, env)
-            if op == "+":
-                return a + b  # type: ignore[operator]
-            if op == "-":
-                return a - b  # type: ignore[operator]
-            if op == "*":
-                return a * b  # type: ignore[operator]
-            if op == "/":
-                return a // b  # type: ignore[operator]
-            return a % b  # type: ignore[operator]
-    raise ExpressionError(f"{ix!r} is not an index expression")
-
-
-def constant_value(ix: Index) -> int:
-    """The value of an index without iterators."""
-    if index_vars(ix):
-        raise ExpressionError(f"index {ix} is not a constant")
-    return int(eval_index(ix, {}))  # type: ignore[arg-type]
+def box(iterators: Iterable["Iterator"]) -> Box:
+    """``{name: (lo, hi)}`` of iterators: the ranges index algebra and rules work over."""
+    return {it.name: (it.lo, it.hi) for it in iterators}
 
 
 # --------------------------------------------------------------------------------------------
 # Scalar bodies
-
-# name -> numpy implementation; the single place to add a function to the notation.
-UNARY_FUNCTIONS = {
-    "neg": "negative",
-    "relu": "relu",
-    "exp": "exp",
-    "tanh": "tanh",
-    "sigmoid": "sigmoid",
-    "sqrt": "sqrt",
-}
-BINARY_FUNCTIONS = {"max": "maximum"}
-ARITHMETIC = ("+", "-", "*", "/")
 
 
 def _as_scalar(value: object) -> Scalar:
@@ -282,8 +88,6 @@ class Scalar:
         return Unary("neg", self)
 
     def __str__(self) -> str:
-        from .printer import format_scalar
-
         return format_scalar(self)
 
 
@@ -291,7 +95,7 @@ class Scalar:
 class Num(Scalar):
     """A finite numeric constant."""
 
-    __hash__ = _cached_hash
+    __hash__ = cached_hash
 
     value: float
 
@@ -309,16 +113,16 @@ class Num(Scalar):
 class Tensor:
     """An input tensor: a name and a shape. ``T[i, j]`` builds an Access."""
 
-    __hash__ = _cached_hash
+    __hash__ = cached_hash
 
     name: str
     shape: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        _check_name("tensor", self.name)
+        check_name("tensor", self.name)
         if isinstance(self.shape, (str, bytes)) or not isinstance(self.shape, Iterable):
             raise ExpressionError(f"tensor {self.name}: shape {self.shape!r} is not a tuple of sizes")
-        shape = tuple(_as_int(d, f"tensor {self.name}: a dimension") for d in self.shape)
+        shape = tuple(as_int(d, f"tensor {self.name}: a dimension") for d in self.shape)
         for axis, size in enumerate(shape):
             if size <= 0:
                 raise ExpressionError(f"tensor {self.name}: dimension {axis} has size {size}, must be positive")
@@ -339,7 +143,7 @@ class Tensor:
 class Access(Scalar):
     """``source[indices]``: a read of an input tensor or of a nested scope (0 out of bounds)."""
 
-    __hash__ = _cached_hash
+    __hash__ = cached_hash
 
     source: Union[Tensor, "Scope"]
     indices: tuple[Index, ...]
@@ -375,7 +179,7 @@ def _source_name(source: object) -> str:
 class Unary(Scalar):
     """``fn(arg)`` for a function of UNARY_FUNCTIONS; ``neg`` prints as ``-arg``."""
 
-    __hash__ = _cached_hash
+    __hash__ = cached_hash
 
     fn: str
     arg: Scalar
@@ -390,7 +194,7 @@ class Unary(Scalar):
 class Binary(Scalar):
     """``lhs op rhs`` for ``+ - * /``, or ``max(lhs, rhs)``."""
 
-    __hash__ = _cached_hash
+    __hash__ = cached_hash
 
     op: str
     lhs: Scalar
@@ -401,10 +205,6 @@ class Binary(Scalar):
             raise ExpressionError(f"unknown scalar operator {self.op!r}")
         object.__setattr__(self, "lhs", _as_scalar(self.lhs))
         object.__setattr__(self, "rhs", _as_scalar(self.rhs))
-
-
-def unary(fn: str, arg: Scalar) -> Unary:
-    return Unary(fn, arg)
 
 
 def smax(a: Scalar | float, b: Scalar | float) -> Binary:
@@ -420,16 +220,16 @@ def smax(a: Scalar | float, b: Scalar | float) -> Binary:
 class Iterator:
     """An iterator and its range [lo, hi); prints ``x:hi`` when lo is 0, else ``x:lo..hi``."""
 
-    __hash__ = _cached_hash
+    __hash__ = cached_hash
 
     name: str
     lo: int
     hi: int
 
     def __post_init__(self) -> None:
-        _check_name("iterator", self.name)
-        object.__setattr__(self, "lo", _as_int(self.lo, f"iterator {self.name}: range start"))
-        object.__setattr__(self, "hi", _as_int(self.hi, f"iterator {self.name}: range end"))
+        check_name("iterator", self.name)
+        object.__setattr__(self, "lo", as_int(self.lo, f"iterator {self.name}: range start"))
+        object.__setattr__(self, "hi", as_int(self.hi, f"iterator {self.name}: range end"))
         if self.hi <= self.lo:
             raise ExpressionError(
                 f"iterator {self.name} has an empty range {self.lo}..{self.hi}" + (" (negative size)" if self.hi < self.lo else "")
@@ -447,9 +247,6 @@ class Iterator:
         return f"{self.name}:{self.hi}" if self.lo == 0 else f"{self.name}:{self.lo}..{self.hi}"
 
 
-REDUCTIONS = {"sum": "S", "max": "M"}
-
-
 @dataclass(frozen=True)
 class Scope:
     """``L traversal ; S summation ; body``: OLLIE's scope.
@@ -460,7 +257,7 @@ class Scope:
     iterators, and a scope nested in another is read at indices of the outer iterators.
     """
 
-    __hash__ = _cached_hash
+    __hash__ = cached_hash
 
     traversal: tuple[Iterator, ...]
     summation: tuple[Iterator, ...]
@@ -493,12 +290,23 @@ class Scope:
     def iterators(self) -> tuple[Iterator, ...]:
         return self.traversal + self.summation
 
+    @property
+    def box(self) -> Box:
+        """``{name: (lo, hi)}`` of every iterator, traversal and summation."""
+        return box(self.iterators)
+
+    def with_body(self, body: Scalar) -> Scope:
+        """The same iterators and reduction over another body."""
+        return Scope(self.traversal, self.summation, body, self.reduce)
+
+    def with_traversal(self, traversal: Iterable[Iterator]) -> Scope:
+        """The same summation and body over other traversal ranges."""
+        return Scope(tuple(traversal), self.summation, self.body, self.reduce)
+
     def __getitem__(self, indices) -> Access:
         return Access(self, indices)
 
     def __str__(self) -> str:
-        from .printer import format_scope
-
         return format_scope(self)
 
 
@@ -559,7 +367,7 @@ def nested_scopes(expr: Scope) -> PyIterator[Scope]:
 class Program:
     """Named scopes in execution order; a later scope reads an earlier one as a Tensor by name."""
 
-    __hash__ = _cached_hash
+    __hash__ = cached_hash
 
     definitions: tuple[tuple[str, Scope], ...]
     outputs: tuple[str, ...]
@@ -570,7 +378,7 @@ class Program:
         defined: dict[str, tuple[int, ...]] = {}
         inputs: dict[str, tuple[int, ...]] = {}
         for name, expr in self.definitions:
-            _check_name("tensor", name)
+            check_name("tensor", name)
             if not isinstance(expr, Scope):
                 raise ExpressionError(f"definition of {name} is not a Scope")
             if name in defined or name in inputs:
@@ -593,87 +401,57 @@ class Program:
         return dict(self._inputs)  # type: ignore[attr-defined]
 
     def __str__(self) -> str:
-        from .printer import format_program
-
         return format_program(self)
 
 
+
+
 # --------------------------------------------------------------------------------------------
-# Substitution of iterators (rules use it to rename, substitute and inline)
+# Printing (the notation; ``rewriter.ir.parse`` reads it back)
 
 
-def substitute_index(ix: Index, mapping: dict[str, Index]) -> Index:
-    """``ix`` with each iterator named in ``mapping`` replaced by its index expression."""
-    match ix:
-        case Var(name):
-            return mapping.get(name, ix)
-        case Lit():
-            return ix
-        case IndexNeg(arg):
-            return IndexNeg(substitute_index(arg, mapping))
-        case IndexOp(op, lhs, rhs):
-            return IndexOp(op, substitute_index(lhs, mapping), substitute_index(rhs, mapping))
-    raise ExpressionError(f"{ix!r} is not an index expression")
-
-
-def map_accesses(body: Scalar, fn) -> Scalar:
-    """The body with each access ``a`` replaced by ``fn(a)``, left to right (nested scopes are
-    not entered: ``fn`` sees their reads and decides)."""
+def _scalar_precedence(body: Scalar) -> int:
     match body:
-        case Access():
-            return fn(body)
-        case Unary(name, arg):
-            return Unary(name, map_accesses(arg, fn))
-        case Binary(op, lhs, rhs):
-            lhs = map_accesses(lhs, fn)  # evaluated first: fn may count accesses
-            return Binary(op, lhs, map_accesses(rhs, fn))
-    return body
+        case Binary(op, _, _) if op in PRECEDENCE:
+            return PRECEDENCE[op]
+        case Unary("neg", _):
+            return NEG
+        case Num(value) if value < 0 or str(value).startswith("-"):
+            return NEG
+    return ATOM
 
 
-def replace_reads(body: Scalar, name: str, make) -> Scalar:
-    """The body with every read ``name[idx]`` of a tensor (nested scopes included) replaced by
-    ``make(idx)``: renaming a tensor, or inlining the scope that produces it."""
-
-    def read(access: Access) -> Scalar:
-        source = access.source
-        if isinstance(source, Scope):
-            inner = Scope(source.traversal, source.summation, replace_reads(source.body, name, make), source.reduce)
-            return Access(inner, access.indices)
-        return make(access.indices) if source.name == name else access
-
-    return map_accesses(body, read)
-
-
-def rename_tensors(scope: Scope, names: dict[str, str]) -> Scope:
-    """``scope`` reading tensor ``names[t]`` wherever it read ``t`` (all at once, nested scopes
-    included), so swapping two names works."""
-
-    def read(access: Access) -> Scalar:
-        source = access.source
-        if isinstance(source, Scope):
-            return Access(rename_tensors(source, names), access.indices)
-        return Tensor(names[source.name], source.shape)[access.indices] if source.name in names else access
-
-    return Scope(scope.traversal, scope.summation, map_accesses(scope.body, read), scope.reduce)
-
-
-def substitute(body: Scalar, mapping: dict[str, Index]) -> Scalar:
-    """The body with iterators replaced in every index (nested scopes are closed: untouched)."""
-    return map_accesses(body, lambda a: Access(a.source, tuple(substitute_index(ix, mapping) for ix in a.indices)))
-
-
-def replace_subterm(body: Scalar, old: Scalar, new: Scalar) -> Scalar:
-    """The body with every occurrence of the sub-term ``old`` (by identity) replaced by ``new``."""
-    if body is old:
-        return new
+def format_scalar(body: Scalar) -> str:
     match body:
+        case Num(value):
+            return format_number(value)
+        case Access(source, indices):
+            name = source.name if isinstance(source, Tensor) else "{ " + format_scope(source) + " }"
+            return f"{name}[{', '.join(format_index(ix) for ix in indices)}]"
+        case Unary("neg", arg):
+            text = format_scalar(arg)
+            return "-" + (f"({text})" if _scalar_precedence(arg) <= NEG or isinstance(arg, Num) else text)
         case Unary(fn, arg):
-            return Unary(fn, replace_subterm(arg, old, new))
-        case Binary(op, lhs, rhs):
-            return Binary(op, replace_subterm(lhs, old, new), replace_subterm(rhs, old, new))
-    return body
+            return f"{fn}({format_scalar(arg)})"
+        case Binary(op, lhs, rhs) if op in PRECEDENCE:
+            prec = PRECEDENCE[op]
+            left = wrap(format_scalar(lhs), _scalar_precedence(lhs), prec)
+            right = wrap(format_scalar(rhs), _scalar_precedence(rhs), prec + 1)
+            return f"{left} {op} {right}"
+        case Binary(fn, lhs, rhs):
+            return f"{fn}({format_scalar(lhs)}, {format_scalar(rhs)})"
+    raise TypeError(f"not a scalar: {body!r}")
 
 
-def nested_reads(body: Scalar) -> list[Access]:
-    """The accesses of a body that read a nested scope, left to right."""
-    return [a for a in accesses(body) if isinstance(a.source, Scope)]
+def format_scope(scope: Scope) -> str:
+    parts = ["L " + ", ".join(map(str, scope.traversal)) if scope.traversal else "L"]
+    if scope.summation:
+        parts.append(REDUCTIONS[scope.reduce] + " " + ", ".join(map(str, scope.summation)))
+    parts.append(format_scalar(scope.body))
+    return " ; ".join(parts)
+
+
+def format_program(program: Program) -> str:
+    lines = [f"{name} = {format_scope(expr)}" for name, expr in program.definitions]
+    lines.append("return " + ", ".join(program.outputs))
+    return "\n".join(lines)

@@ -23,8 +23,8 @@ import itertools
 import math
 from functools import lru_cache
 
-from .indexing import normalize, to_index
-from .ir import (
+from rewriter.index import normalize, to_index
+from rewriter.ir import (
     Access,
     Binary,
     Index,
@@ -36,10 +36,10 @@ from .ir import (
     Unary,
     Var,
     accesses,
+    format_scope,
     index_vars,
     substitute_index,
 )
-from .printer import format_scope
 
 MAX_ORDERINGS = 720
 

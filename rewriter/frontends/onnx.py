@@ -31,7 +31,22 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .builders import (
+from rewriter.ir import (
+    BINARY_FUNCTIONS,
+    KEYWORDS,
+    UNARY_FUNCTIONS,
+    ExpressionError,
+    Index,
+    Iterator,
+    Lit,
+    Num,
+    Program,
+    Scope,
+    Tensor,
+    Unary,
+    Var,
+)
+from rewriter.ir.builders import (
     add,
     batch_matmul,
     binary,
@@ -46,22 +61,7 @@ from .builders import (
     softmax,
     tanh,
 )
-from .errors import ExpressionError
-from .ir import (
-    BINARY_FUNCTIONS,
-    KEYWORDS,
-    UNARY_FUNCTIONS,
-    Index,
-    Iterator,
-    Lit,
-    Num,
-    Program,
-    Scope,
-    Tensor,
-    Unary,
-    Var,
-)
-from .reference import evaluate
+from rewriter.semantics import evaluate
 
 __all__ = ["Model", "OnnxImportError", "load_onnx", "SUPPORTED_OPS"]
 

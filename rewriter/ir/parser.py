@@ -20,24 +20,9 @@ import re
 from dataclasses import dataclass
 
 from .errors import ExpressionError
-from .ir import (
-    BINARY_FUNCTIONS,
-    UNARY_FUNCTIONS,
-    Access,
-    Binary,
-    Index,
-    IndexNeg,
-    IndexOp,
-    Iterator,
-    Lit,
-    Num,
-    Program,
-    Scalar,
-    Scope,
-    Tensor,
-    Unary,
-    Var,
-)
+from .indices import Index, IndexNeg, IndexOp, Lit, Var
+from .nodes import Access, Binary, Iterator, Num, Program, Scalar, Scope, Tensor, Unary
+from .notation import BINARY_FUNCTIONS, UNARY_FUNCTIONS
 
 _TOKEN = re.compile(
     r"(?P<space>[ \t\r]+|\#[^\n]*)"

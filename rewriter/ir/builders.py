@@ -34,23 +34,9 @@ from dataclasses import dataclass
 from typing import Callable, Sequence, Union
 
 from .errors import ExpressionError
-from .ir import (
-    KEYWORDS,
-    UNARY_FUNCTIONS,
-    Access,
-    Binary,
-    Index,
-    IndexOp,
-    Iterator,
-    Lit,
-    Num,
-    Scalar,
-    Scope,
-    Tensor,
-    Unary,
-    Var,
-    tensor_shapes,
-)
+from .indices import Index, IndexOp, Lit, Var
+from .nodes import Access, Binary, Iterator, Num, Scalar, Scope, Tensor, Unary, tensor_shapes
+from .notation import KEYWORDS, UNARY_FUNCTIONS
 
 __all__ = [
     "matmul",

@@ -18,42 +18,13 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterator as PyIterator, Sequence
+from typing import Sequence
+
+from rewriter.egraph import ExpressionGraph
+from rewriter.ir import ExpressionError, Position, Scope, replace_at, scopes_at
 
 from .dsl import Rule, registered
-from .errors import ExpressionError
 from .fingerprint import canonical, fingerprint
-from .ir import Access, Scope, accesses, map_accesses
-
-Position = tuple[int, ...]  # access numbers (left to right) leading from the root to a nested scope
-
-
-# --------------------------------------------------------------------------------------------
-# Positions: the scopes inside an expression
-
-
-def scopes_at(expr: Scope, position: Position = ()) -> PyIterator[tuple[Position, Scope]]:
-    """The root scope and every nested scope, each with its position (pre-order)."""
-    yield position, expr
-    for number, access in enumerate(accesses(expr.body)):
-        if isinstance(access.source, Scope):
-            yield from scopes_at(access.source, position + (number,))
-
-
-def replace_at(expr: Scope, position: Position, new: Scope) -> Scope:
-    """``expr`` with the scope at ``position`` replaced by ``new``."""
-    if not position:
-        return new
-    counter = iter(range(1 << 30))
-    target, rest = position[0], position[1:]
-
-    def rebuild(access: Access) -> Access:  # accesses are numbered left to right, as scopes_at does
-        if next(counter) == target:
-            return Access(replace_at(access.source, rest, new), access.indices)  # type: ignore[arg-type]
-        return access
-
-    return Scope(expr.traversal, expr.summation, map_accesses(expr.body, rebuild), expr.reduce)
-
 
 # --------------------------------------------------------------------------------------------
 # States and paths
@@ -214,7 +185,7 @@ def explore(
     started = time.perf_counter()
     budget = _Budget(max_states, time_limit, max_enodes)
     stats = SearchStats()
-    graph = _new_graph() if use_egraph else None
+    graph = ExpressionGraph() if use_egraph else None
 
     native = [rewrite for r in rules for rewrite in r.rewrites]  # pattern rules run inside egglog
     if graph is not None and native:
@@ -223,6 +194,7 @@ def explore(
     root = State(start, tuple(steps), fingerprint(start))
     states = {root.fingerprint: root}
     if graph is not None:
+        graph.union(expr, canonical(expr))  # the root as given, for extraction to start from
         graph.union(canonical(expr), canonical(start))
     frontier = [root]
     memo: dict = {}
@@ -301,8 +273,3 @@ def _derive(state: State, position, scope, result, rule_, eager, graph, current,
         current.rebuild_s += time.perf_counter() - tick
     return child
 
-
-def _new_graph():
-    from .egraph import ExpressionGraph
-
-    return ExpressionGraph()

@@ -23,10 +23,9 @@ import time
 from collections import defaultdict
 from typing import Callable, Iterable
 
-from .egraph import ExpressionGraph, _TermReader
-from .errors import ExpressionError
-from .fingerprint import canonical
-from .ir import Access, Scalar, Scope, Tensor, replace_reads, tensor_shapes
+from rewriter.ir import Access, ExpressionError, Scalar, Scope, Tensor, replace_reads, tensor_shapes
+
+from .graph import ExpressionGraph, _TermReader
 
 INFINITE = float("inf")
 
@@ -110,7 +109,7 @@ def extract(graph: ExpressionGraph, root: Scope, cost: Callable[[Scope, frozense
     each nested scope read as a placeholder tensor; ``constants``: the placeholders whose scope
     reads only ``weights``, computed once at build time) plus the costs of the nested e-classes
     that are not constant."""
-    handle = graph.handle(canonical(root)) or graph.handle(root)
+    handle = graph.handle(root)
     if handle is None:
         raise ExpressionError("extract: the root scope is not in the e-graph")
     serialised = _SerialisedGraph(graph)

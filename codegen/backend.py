@@ -1,0 +1,120 @@
+"""Backends: what ``derive`` and the program optimizer ask of a code generator.
+
+A backend turns a candidate (``rewriter.lower.Candidate``: kernels in execution order) into an
+executable program for its device, measures programs there, and names the device its timings
+hold for. ``derive(expr, backend=...)`` takes any object with this interface, so a new device
+plugs in without touching the pipeline:
+
+    name: str                          "cpu", "reference", ...
+    measures: bool                     whether costs are measured (else analytic)
+    device() -> str                    the key measurements are stored under
+    compile(candidate, inputs) -> program
+    measure(program) -> float          seconds per run, on the device
+    remeasure(programs)                time their kernels again, in turns, before a choice
+    tolerance: float                   how close a program's results must be to the reference
+
+A program is callable on named inputs (``program(**inputs) -> array``) and has ``kernels``,
+``cost`` (seconds per run) and ``timings()`` (each kernel with its measured seconds).
+``stitch`` and ``fuse_boundaries`` serve the program-level optimizer (OLLIE Algorithm 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+import numpy as np
+
+from rewriter.ir import ExpressionError
+from rewriter.lower import Candidate
+
+from .measure import MeasurementDB, device_id
+from .program import CompiledProgram, Fusion, compile_candidate, fuse_boundaries, remeasure, stitch
+
+
+class Backend(Protocol):
+    name: str
+    measures: bool
+    tolerance: float
+
+    def device(self) -> str: ...
+
+    def compile(self, candidate: Candidate, inputs: Mapping[str, tuple[int, ...]]): ...
+
+    def measure(self, program) -> float: ...
+
+    def remeasure(self, programs: Sequence) -> None: ...
+
+
+@dataclass
+class CpuBackend:
+    """This CPU: BLAS calls for matched operators, TVM kernels (LLVM) for the rest, timed here
+    and remembered in ``db`` (default: the user cache). ``tune`` races that many TVM schedules
+    per generated kernel."""
+
+    dtype: str = "float32"
+    tune: int = 0
+    db: MeasurementDB = field(default_factory=MeasurementDB)
+    name: str = field(default="cpu", init=False)
+    measures: bool = field(default=True, init=False)
+
+    @property
+    def tolerance(self) -> float:
+        return 1e-6 if np.dtype(self.dtype) == np.float64 else 1e-3
+
+    def device(self) -> str:
+        return device_id()
+
+    def compile(self, candidate: Candidate, inputs: Mapping[str, tuple[int, ...]]) -> CompiledProgram:
+        return compile_candidate(candidate, inputs, self.dtype, self.db, self.tune)
+
+    def measure(self, program: CompiledProgram) -> float:
+        return program.measure(self.db)
+
+    def remeasure(self, programs: Sequence[CompiledProgram]) -> None:
+        remeasure(programs, self.db, max_seconds=0.5)
+
+    def stitch(self, parts, inputs: Mapping[str, tuple[int, ...]]) -> CompiledProgram:
+        return stitch(parts, inputs)
+
+    def fuse_boundaries(self, program: CompiledProgram, boundaries: set[str]) -> tuple[CompiledProgram, list[Fusion]]:
+        return fuse_boundaries(program, boundaries, self.db, self.tune)
+
+
+@dataclass
+class ReferenceBackend:
+    """No code generation: a candidate runs as it is (BLAS for matched matmuls, the reference
+    semantics for every other kernel) and costs the analytic stand-in. For looking at what the
+    search finds without compiling; never for timing."""
+
+    rtol: float = 1e-6
+    name: str = field(default="reference", init=False)
+    measures: bool = field(default=False, init=False)
+
+    @property
+    def tolerance(self) -> float:
+        return self.rtol
+
+    def device(self) -> str:
+        return "analytic"
+
+    def compile(self, candidate: Candidate, inputs: Mapping[str, tuple[int, ...]]) -> Candidate:
+        return candidate
+
+    def measure(self, program: Candidate) -> float:
+        return program.cost
+
+    def remeasure(self, programs: Sequence[Candidate]) -> None:
+        pass
+
+
+BACKENDS = {"cpu": CpuBackend, "reference": ReferenceBackend}
+
+
+def as_backend(backend: str | Backend) -> Backend:
+    """A backend object from itself or from its name (``"cpu"``, ``"reference"``)."""
+    if not isinstance(backend, str):
+        return backend
+    if backend not in BACKENDS:
+        raise ExpressionError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    return BACKENDS[backend]()

@@ -1,0 +1,18 @@
+"""The pipeline: ``derive`` (OLLIE Algorithm 2: search, guided steps, instantiation,
+verification, selection by measured cost) and ``optimize_program`` (Algorithm 1: a whole program,
+subprogram by subprogram, stitched and post-processed). Receives its code generator as a
+``codegen.backend`` object."""
+
+from .derive import Derivation, derive
+from .program import OptimizedProgram, Subprogram, fuse_elementwise, load_optimized, merge_parallel, optimize_program
+
+__all__ = [
+    "Derivation",
+    "OptimizedProgram",
+    "Subprogram",
+    "derive",
+    "fuse_elementwise",
+    "load_optimized",
+    "merge_parallel",
+    "optimize_program",
+]
