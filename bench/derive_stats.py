@@ -25,7 +25,12 @@ from rewriter import conv2d, derive  # noqa: E402
 from rewriter.cases import CASES  # noqa: E402
 
 # OLLIE's search at depth 7 on an A100 host (DESIGN.md): seconds, states
-OLLIE = {"conv3x3": (7.2, 158_000), "convtranspose": (53.6, 901_000), "conv5x5": (101.0, 2_200_000), "g2bmm": (0.7, 18_000)}
+OLLIE = {
+    "conv3x3": (7.2, 158_000),
+    "convtranspose": (53.6, 901_000),
+    "conv5x5": (101.0, 2_200_000),
+    "g2bmm": (0.7, 18_000),
+}
 EXTRA = {"csrnet": lambda: conv2d((1, 512, 14, 14), (512, 512, 3, 3), dilation=2, padding=2)}
 
 
@@ -73,7 +78,9 @@ def main() -> None:
     parser.add_argument("--cases", default="conv3x3,convtranspose,conv5x5,g2bmm,csrnet")
     args = parser.parse_args()
     rows = []
-    print(f"{'case':<14}{'states':>8}{'stop':>10}{'search s':>9}{'derive s':>9}{'OLLIE s':>8}{'OLLIE states':>13}  structures")
+    print(
+        f"{'case':<14}{'states':>8}{'stop':>10}{'search s':>9}{'derive s':>9}{'OLLIE s':>8}{'OLLIE states':>13}  structures"
+    )
     for name in args.cases.split(","):
         row = run(name, args.depth, args.time_limit)
         rows.append(row)

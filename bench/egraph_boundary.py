@@ -86,7 +86,11 @@ def main() -> None:
         for batch in (1, 2, 5, 10, 25, 50, 100):
             total, _ = time_inserts(scopes, batch)
             rows.append([kind, nodes_of(scopes[0]), batch, f"{per_term_ms(total, n):.3f}"])
-    table(f"1. add() + flush, {n} conv-like terms: ms per term against batch size", ["terms", "nodes/term", "batch", "ms/term"], rows)
+    table(
+        f"1. add() + flush, {n} conv-like terms: ms per term against batch size",
+        ["terms", "nodes/term", "batch", "ms/term"],
+        rows,
+    )
 
     # 2. scope size
     rows = []
@@ -100,9 +104,21 @@ def main() -> None:
             to_egglog(scope)
         build = time.perf_counter() - build
         total, _ = time_inserts(scopes, 1)
-        rows.append([terms, nodes, count, f"{per_term_ms(total, count):.3f}", f"{total / count / nodes * 1e6:.1f}",
-                     f"{build / count / nodes * 1e6:.2f}"])
-    table("2. add() + flush, fresh terms, batch 1: cost against term size", ["accesses", "nodes/term", "terms", "ms/term", "us/node", "text us/node"], rows)
+        rows.append(
+            [
+                terms,
+                nodes,
+                count,
+                f"{per_term_ms(total, count):.3f}",
+                f"{total / count / nodes * 1e6:.1f}",
+                f"{build / count / nodes * 1e6:.2f}",
+            ]
+        )
+    table(
+        "2. add() + flush, fresh terms, batch 1: cost against term size",
+        ["accesses", "nodes/term", "terms", "ms/term", "us/node", "text us/node"],
+        rows,
+    )
 
     # 3. Ref handles vs let bindings as the graph grows
     rows = []
@@ -119,7 +135,11 @@ def main() -> None:
                 command = f"(union (Ref {k}) {texts[k]})" if mode == "ref" else f"(let $e{k} {texts[k]})"
                 raw.run_program(*raw.parse_program(command))
             rows.append([mode, (part + 1) * step, f"{per_term_ms(time.perf_counter() - start, step):.3f}"])
-    table("3. handle kind: ms per term as handles accumulate (fresh conv terms, batch 1)", ["handle", "handles so far", "ms/term"], rows)
+    table(
+        "3. handle kind: ms per term as handles accumulate (fresh conv terms, batch 1)",
+        ["handle", "handles so far", "ms/term"],
+        rows,
+    )
 
     # 4. other operations on a graph of n fresh conv terms
     graph = ExpressionGraph()
@@ -141,19 +161,36 @@ def main() -> None:
     op("from_egglog (48 nodes)", lambda i: from_egglog(text), 200)
     (out,) = graph.send(f"(extract {handles[0]})")
     op("from_termdag (48 nodes)", lambda i: from_termdag(out.termdag, out.term), 200)
-    op("union(handle, handle), flushed", lambda i: (graph.union(handles[2 * i], handles[2 * i + 1]), graph.flush()), min(200, n // 2))
+    op(
+        "union(handle, handle), flushed",
+        lambda i: (graph.union(handles[2 * i], handles[2 * i + 1]), graph.flush()),
+        min(200, n // 2),
+    )
     op("equivalent(handle, handle)", lambda i: graph.equivalent(handles[i], handles[i + 1]), 200)
-    op("equivalent(handle, scope) via node lookups", lambda i: graph.equivalent(handles[i], conv_scope(i + 1, False)), 200)
-    op("equivalent(handle, term text) via egglog check", lambda i: graph.equivalent(handles[i], to_egglog(scopes[i + 1])), 50)
+    op(
+        "equivalent(handle, scope) via node lookups",
+        lambda i: graph.equivalent(handles[i], conv_scope(i + 1, False)),
+        200,
+    )
+    op(
+        "equivalent(handle, term text) via egglog check",
+        lambda i: graph.equivalent(handles[i], to_egglog(scopes[i + 1])),
+        50,
+    )
     op("extract(handle) -> Scope (egglog extract command)", lambda i: graph.extract(handles[i]), 50)
     op("extract_many(200 handles) -> Scopes, per call", lambda i: graph.extract_many(handles[:200]), 3)
     op(f"size(classes=False), {graph.size()[0]} nodes", lambda i: graph.size(classes=False), 20)
     op(f"size() with class count, {graph.size()[0]} nodes", lambda i: graph.size(), 20)
     high = ExpressionGraph()
-    op("high-level egglog-python: register(union(ref).with_(to_term(s)))",
-       lambda i: high.egraph.register(union(high.expr(scopes[i])).with_(to_term(scopes[i]))), 50)
+    op(
+        "high-level egglog-python: register(union(ref).with_(to_term(s)))",
+        lambda i: high.egraph.register(union(high.expr(scopes[i])).with_(to_term(scopes[i]))),
+        50,
+    )
     op(f"run(eager_rules, 1) on {graph.size()[0]} nodes", lambda i: graph.run(eager_rules, 1), 5)
-    table(f"4. other operations (graph of {n} fresh conv terms): median ms per call", ["operation", "calls", "ms"], rows)
+    table(
+        f"4. other operations (graph of {n} fresh conv terms): median ms per call", ["operation", "calls", "ms"], rows
+    )
     print(f"\ngraph stats after section 4: {graph.stats}")
 
 

@@ -65,7 +65,9 @@ def main() -> None:
     lo, _, hi = args.depths.partition("-")
     depths = range(int(lo), int(hi or lo) + 1)
     rows = []
-    print(f"{'case':<14}{'depth':>6}{'states':>9}{'hits':>9}{'enodes':>9}{'seconds':>9}{'peak MiB':>10}  stop   (OLLIE at depth 7: states, s)")
+    print(
+        f"{'case':<14}{'depth':>6}{'states':>9}{'hits':>9}{'enodes':>9}{'seconds':>9}{'peak MiB':>10}  stop   (OLLIE at depth 7: states, s)"
+    )
     for case in args.cases.split(","):
         for depth in depths:
             command = [sys.executable, __file__, "--one", case, str(depth), "--time-limit", str(args.time_limit)]

@@ -18,7 +18,11 @@ each round calls every function twice, timing the second call.
 
 import os
 
-for _name, _value in (("OMP_WAIT_POLICY", "PASSIVE"), ("OPENBLAS_THREAD_TIMEOUT", "4"), ("TVM_THREAD_POOL_SPIN_COUNT", "0")):
+for _name, _value in (
+    ("OMP_WAIT_POLICY", "PASSIVE"),
+    ("OPENBLAS_THREAD_TIMEOUT", "4"),
+    ("TVM_THREAD_POOL_SPIN_COUNT", "0"),
+):
     os.environ.setdefault(_name, _value)
 
 import argparse
@@ -88,7 +92,9 @@ def run(name: str, depth: int, time_limit: float, rounds: int, tune: int = 0) ->
     inputs = {n: rng.uniform(-1, 1, s).astype(np.float32) for n, s in CASES[name].shapes.items()}
     expected = evaluate(expr, inputs)
     start = time.perf_counter()
-    derivation = derive(expr, max_depth=depth, time_limit=time_limit, weights=WEIGHTS[name], backend=CpuBackend(tune=tune))
+    derivation = derive(
+        expr, max_depth=depth, time_limit=time_limit, weights=WEIGHTS[name], backend=CpuBackend(tune=tune)
+    )
     derive_s = time.perf_counter() - start
     best = derivation.best.bind({w: inputs[w] for w in WEIGHTS[name]})
     activations = {n: v for n, v in inputs.items() if n not in WEIGHTS[name]}
@@ -132,7 +138,9 @@ def main() -> None:
     parser.add_argument("--tune", type=int, default=0, help="TVM schedules raced per kernel (derive's tune)")
     args = parser.parse_args()
     rows = []
-    print(f"{'case':<14}{'derived ms':>11}{'eager ms':>10}{'compile ms':>11}{'tvm ms':>9}{'x eager':>9}{'x compile':>10}{'x tvm':>7}  kernels")
+    print(
+        f"{'case':<14}{'derived ms':>11}{'eager ms':>10}{'compile ms':>11}{'tvm ms':>9}{'x eager':>9}{'x compile':>10}{'x tvm':>7}  kernels"
+    )
     for name in args.cases.split(","):
         row = run(name, args.depth, args.time_limit, args.rounds, args.tune)
         rows.append(row)

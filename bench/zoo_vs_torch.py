@@ -116,8 +116,10 @@ class TorchGraph:
         self.nodes = [(n.op_type, list(n.input), list(n.output), _attrs(n)) for n in model.graph.node]
         arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         # integer constants (shapes, slice bounds, pads) as Python ints: static for torch.compile
-        self.constants = {name: tuple(int(v) for v in a.ravel()) if a.dtype.kind in "iu" else torch.from_numpy(a.copy())
-                          for name, a in arrays.items()}
+        self.constants = {
+            name: tuple(int(v) for v in a.ravel()) if a.dtype.kind in "iu" else torch.from_numpy(a.copy())
+            for name, a in arrays.items()
+        }
         self.inputs = [i.name for i in model.graph.input if i.name not in self.constants]
         self.outputs = [o.name for o in model.graph.output]
 
@@ -133,9 +135,11 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
     onnx_model = zoo.build(name, small=small)
     model = load_onnx(onnx_model)
     start = time.perf_counter()
-    optimized = optimize_program(model.program, model.weights, max_depth=max_depth, subprogram_time_limit=subprogram_time_limit)
+    optimized = optimize_program(
+        model.program, model.weights, max_depth=max_depth, subprogram_time_limit=subprogram_time_limit
+    )
     optimize_s = time.perf_counter() - start
-    (input_name, shape), = model.inputs.items()
+    ((input_name, shape),) = model.inputs.items()
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     want = model.original({input_name: x})[model.outputs[0]]
     graph = TorchGraph(onnx_model)
@@ -174,14 +178,19 @@ def main() -> None:
     parser.add_argument("--subprogram-time-limit", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
-    print(f"{'model':<12}{'subprograms':>12}{'kernels':>8}{'fused':>6}{'optimize s':>11}{'ours ms':>10}{'eager ms':>10}{'compile ms':>11}"
-          f"{'x eager':>9}{'x compile':>10}")
+    print(
+        f"{'model':<12}{'subprograms':>12}{'kernels':>8}{'fused':>6}{'optimize s':>11}{'ours ms':>10}{'eager ms':>10}{'compile ms':>11}"
+        f"{'x eager':>9}{'x compile':>10}"
+    )
     out = ROOT / "bench" / "results" / ("zoo_vs_torch_small.json" if args.small else "zoo_vs_torch.json")
     for name in args.models.split(","):
         row = run(name, args.small, args.max_depth, args.subprogram_time_limit, args.rounds)
-        print(f"{name:<12}{row['subprograms']:>12}{row['kernels']:>8}{row['fused_across']:>6}{row['optimize_s']:>11}"
-              f"{row['optimized_ms']:>10}{row['torch_eager_ms']:>10}"
-              f"{row['torch_compile_ms']:>11}{row['vs_torch_eager']:>9}{row['vs_torch_compile']:>10}", flush=True)
+        print(
+            f"{name:<12}{row['subprograms']:>12}{row['kernels']:>8}{row['fused_across']:>6}{row['optimize_s']:>11}"
+            f"{row['optimized_ms']:>10}{row['torch_eager_ms']:>10}"
+            f"{row['torch_compile_ms']:>11}{row['vs_torch_eager']:>9}{row['vs_torch_compile']:>10}",
+            flush=True,
+        )
         # Rows of earlier runs (other models) are kept, so models can be measured one run at a time.
         rows = [r for r in (json.loads(out.read_text()) if out.exists() else []) if r["model"] != name]
         out.write_text(json.dumps(sorted(rows + [row], key=lambda r: zoo.NAMES.index(r["model"])), indent=1))

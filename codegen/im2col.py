@@ -42,9 +42,13 @@ class _Read:
         """``array`` (already padded by ``pads``) over ``iterators`` in that order."""
         array = np.ascontiguousarray(array)
         unit = [s // array.itemsize for s in array.strides]
-        offset = sum((const + before + sum(c * box[n][0] for n, c in coeffs.items())) * u
-                     for (coeffs, const), (before, _), u in zip(self.forms, self.pads, unit))
-        strides = [sum(coeffs.get(n, 0) * u for (coeffs, _), u in zip(self.forms, unit)) * array.itemsize for n in iterators]
+        offset = sum(
+            (const + before + sum(c * box[n][0] for n, c in coeffs.items())) * u
+            for (coeffs, const), (before, _), u in zip(self.forms, self.pads, unit)
+        )
+        strides = [
+            sum(coeffs.get(n, 0) * u for (coeffs, _), u in zip(self.forms, unit)) * array.itemsize for n in iterators
+        ]
         shape = [box[n][1] - box[n][0] for n in iterators]
         return np.lib.stride_tricks.as_strided(array.reshape(-1)[offset:], shape, strides, writeable=False)
 

@@ -315,10 +315,14 @@ class MeasurementDB:
 
     def get(self, signature: str, device: str | None = None) -> Timing | None:
         """The stored timing of ``signature`` on ``device`` (default: this CPU), or None."""
-        row = self._connection().execute(
-            "SELECT median, spread, repeats, noisy FROM measurements WHERE device = ? AND signature = ?",
-            (device or device_id(), signature),
-        ).fetchone()
+        row = (
+            self._connection()
+            .execute(
+                "SELECT median, spread, repeats, noisy FROM measurements WHERE device = ? AND signature = ?",
+                (device or device_id(), signature),
+            )
+            .fetchone()
+        )
         if row is None:
             return None
         median, spread, repeats, noisy = row

@@ -121,13 +121,17 @@ class CompiledProgram:
         for name, shape in self.inputs.items():
             if name in inputs:
                 if np.shape(inputs[name]) != tuple(shape):
-                    raise ExpressionError(f"input {name} has shape {np.shape(inputs[name])}, the program expects {tuple(shape)}")
+                    raise ExpressionError(
+                        f"input {name} has shape {np.shape(inputs[name])}, the program expects {tuple(shape)}"
+                    )
                 values[name] = _aligned(inputs[name], self.dtype)
         fresh = {self.output, *outputs}
         for step in self.steps:
             if step.kernel.output in self.constants:
                 continue
-            out = aligned_empty(step.kernel.expr.shape, self.dtype) if step.kernel.output in fresh else self._buffer(step)
+            out = (
+                aligned_empty(step.kernel.expr.shape, self.dtype) if step.kernel.output in fresh else self._buffer(step)
+            )
             step.call(values, out)
             values[step.kernel.output] = out
         return values
@@ -176,7 +180,11 @@ class CompiledProgram:
             k = step.kernel
             reads = ", ".join(f"{n}{list(s)}" for n, s in tensor_shapes(k.expr).items())
             strides = f" strides a={k.match.a.strides} b={k.match.b.strides}" if isinstance(k.match, GemmMatch) else ""
-            timed = "weights, once" if k.weight_only else (f"{step.seconds * 1e3:.3f} ms" if step.seconds is not None else "-")
+            timed = (
+                "weights, once"
+                if k.weight_only
+                else (f"{step.seconds * 1e3:.3f} ms" if step.seconds is not None else "-")
+            )
             lines.append(f"{k.output}{list(k.expr.shape)} = {k.kind} [{step.impl}] ({reads}){strides}  {timed}")
         return "\n".join(lines)
 
@@ -187,8 +195,15 @@ class CompiledProgram:
         entries = []
         for index, step in enumerate(self.steps):
             k = step.kernel
-            entry = {"kind": k.kind, "output": k.output, "expr": str(k.expr), "shapes": tensor_shapes(k.expr),
-                     "impl": step.impl, "weight_only": k.weight_only, "seconds": step.seconds}
+            entry = {
+                "kind": k.kind,
+                "output": k.output,
+                "expr": str(k.expr),
+                "shapes": tensor_shapes(k.expr),
+                "impl": step.impl,
+                "weight_only": k.weight_only,
+                "seconds": step.seconds,
+            }
             if step.compiled is not None and step.compiled.path is not None:
                 entry["library"] = f"kernel{index}.so"
                 shutil.copyfile(step.compiled.path, directory / entry["library"])
@@ -212,7 +227,9 @@ def load(directory: str | Path) -> CompiledProgram:
     for entry in meta["kernels"]:
         expr = parse(entry["expr"], {n: tuple(s) for n, s in entry["shapes"].items()})
         kind, match = match_operator(expr)
-        kernel = Kernel(entry["kind"], entry["output"], expr, match if kind == entry["kind"] else None, entry["weight_only"])
+        kernel = Kernel(
+            entry["kind"], entry["output"], expr, match if kind == entry["kind"] else None, entry["weight_only"]
+        )
         library = directory / entry["library"] if "library" in entry else None
         schedule = Schedule(**entry["schedule"]) if "schedule" in entry else None
         step = _step(kernel, entry["impl"], dtype, library=library, schedule=schedule)
@@ -223,8 +240,9 @@ def load(directory: str | Path) -> CompiledProgram:
     return CompiledProgram(steps, inputs, dtype, constants={n: _aligned(v, dtype) for n, v in constants.items()})
 
 
-def remeasure(programs: Sequence[CompiledProgram], db: MeasurementDB | None = None, rounds: int = 3,
-              seed: int = 0, **timing) -> None:
+def remeasure(
+    programs: Sequence[CompiledProgram], db: MeasurementDB | None = None, rounds: int = 3, seed: int = 0, **timing
+) -> None:
     """Time the kernels of ``programs`` again, in turns (``time_in_turns``), and keep each one's
     new median (in ``db`` too, replacing the stored timing). The fastest few candidates are
     compared this way before one is chosen: their kernels were measured at different times,
@@ -297,8 +315,13 @@ def _tvm_call(compiled: TvmKernel):
     return call
 
 
-def compile_candidate(candidate: Candidate, inputs: Mapping[str, tuple[int, ...]], dtype: str = "float32",
-                      db: MeasurementDB | None = None, tune: int = 0) -> CompiledProgram:
+def compile_candidate(
+    candidate: Candidate,
+    inputs: Mapping[str, tuple[int, ...]],
+    dtype: str = "float32",
+    db: MeasurementDB | None = None,
+    tune: int = 0,
+) -> CompiledProgram:
     """``candidate`` compiled; where a kernel has several implementations, the fastest measured.
 
     Convolutions race TVM against im2col + BLAS, band matmuls against numpy's contraction;
@@ -334,9 +357,15 @@ def _fastest(kernel: Kernel, dtype: str, db: MeasurementDB | None, tune: int) ->
     return options[0]
 
 
-def _fused(steps: list[Step], dtype: str, db: MeasurementDB | None, tune: int,
-           producers: Callable[[str], bool] = lambda output: True, check: bool = False,
-           log: list[Fusion] | None = None) -> list[Step]:
+def _fused(
+    steps: list[Step],
+    dtype: str,
+    db: MeasurementDB | None,
+    tune: int,
+    producers: Callable[[str], bool] = lambda output: True,
+    check: bool = False,
+    log: list[Fusion] | None = None,
+) -> list[Step]:
     """eOperator fusion by measurement (OLLIE 5.4 post-processing): an eOperator read only by
     one later eOperator is fused into it when the fused kernel takes less time than the two
     apart. A weight-only producer runs once at build time and counts as free; two weight-only
@@ -395,7 +424,9 @@ def _same_results(fused: Step, apart: list[Step], dtype: str, seed: int = 0) -> 
     return bool(np.allclose(got, expected, rtol=1e-3, atol=1e-3 * scale))
 
 
-def stitch(parts: Sequence[tuple[CompiledProgram, Mapping[str, str]]], inputs: Mapping[str, tuple[int, ...]]) -> CompiledProgram:
+def stitch(
+    parts: Sequence[tuple[CompiledProgram, Mapping[str, str]]], inputs: Mapping[str, tuple[int, ...]]
+) -> CompiledProgram:
     """One program that runs ``parts`` one after another (OLLIE Algorithm 1: the best program
     of every subprogram, stitched), each part's tensors renamed by its mapping: its inputs and
     output to the model's tensors, its temporaries to names of their own. Bound constants come
@@ -411,8 +442,9 @@ def stitch(parts: Sequence[tuple[CompiledProgram, Mapping[str, str]]], inputs: M
     return CompiledProgram(steps, dict(inputs), dtypes.pop(), constants=constants)
 
 
-def fuse_boundaries(program: CompiledProgram, boundaries: set[str], db: MeasurementDB | None = None,
-                    tune: int = 0) -> tuple[CompiledProgram, list[Fusion]]:
+def fuse_boundaries(
+    program: CompiledProgram, boundaries: set[str], db: MeasurementDB | None = None, tune: int = 0
+) -> tuple[CompiledProgram, list[Fusion]]:
     """Post-processing across the parts of a stitched program (OLLIE 5.4, Figure 9): an
     eOperator that ends one part and is read only by an eOperator of a later one is fused into
     it where the fused kernel measures faster and computes the same values. ``boundaries``: the

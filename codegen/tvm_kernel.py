@@ -102,7 +102,9 @@ class Schedule:
     unroll: int = 1  # unroll factor of the innermost summation loop (with traversal lanes)
     pad: bool = True  # reads whose bounds checks vary along vector lanes use zero-padded copies
     reduction_vector: bool | None = None  # lanes along a summation loop; None: where traversal lanes would gather
-    block: int = 32  # a summation-free stage whose lanes gather: rows of the loop its reads run along, inside (transposes)
+    block: int = (
+        32  # a summation-free stage whose lanes gather: rows of the loop its reads run along, inside (transposes)
+    )
 
 
 DEFAULT_SCHEDULE = Schedule()
@@ -144,8 +146,14 @@ def _subindices(ix: Index):
 
 def _divided(scope: Scope) -> set[str]:
     """Iterators under an index division or modulo in the scope's own reads."""
-    return {name for access in accesses(scope.body) for ix in access.indices for sub in _subindices(ix)
-            if isinstance(sub, IndexOp) and sub.op in ("/", "%") for name in index_vars(sub.lhs)}
+    return {
+        name
+        for access in accesses(scope.body)
+        for ix in access.indices
+        for sub in _subindices(ix)
+        if isinstance(sub, IndexOp) and sub.op in ("/", "%")
+        for name in index_vars(sub.lhs)
+    }
 
 
 @dataclass
@@ -212,7 +220,9 @@ class _Lowering:
     def _compute(self, scope: Scope, axes) -> tvm.tirx.PrimExpr:
         env = {it.name: ax + tvm.tirx.const(it.lo, self.ix_dtype) for it, ax in zip(scope.traversal, axes)}
         reduce_axes = [tvm.te.reduce_axis(self._range(it.size), name=it.name) for it in scope.summation]
-        env.update({it.name: ax.var + tvm.tirx.const(it.lo, self.ix_dtype) for it, ax in zip(scope.summation, reduce_axes)})
+        env.update(
+            {it.name: ax.var + tvm.tirx.const(it.lo, self.ix_dtype) for it, ax in zip(scope.summation, reduce_axes)}
+        )
         value = self.scalar(scope.body, env, _box(scope))
         if not reduce_axes:
             return value
@@ -456,7 +466,14 @@ def _read_axis(stage: _Stage) -> int | None:
     """The outer traversal loop along which a read that gathers along the innermost one runs
     contiguously (a transposition's input rows)."""
     gathering = [(ix, shape) for ix, shape in stage.reads if _stride(stage.inner, ix, shape) not in (0, 1)]
-    return next((k for k, name in enumerate(stage.traversal[:-1]) if any(_stride(name, ix, shape) == 1 for ix, shape in gathering)), None)
+    return next(
+        (
+            k
+            for k, name in enumerate(stage.traversal[:-1])
+            if any(_stride(name, ix, shape) == 1 for ix, shape in gathering)
+        ),
+        None,
+    )
 
 
 def _tile_axis(extents, rows: int) -> tuple[int, int] | None:
@@ -643,7 +660,9 @@ class TvmKernel:
     numpy only promises 16), so every buffer handed to the kernel is aligned first or checked.
     """
 
-    def __init__(self, scope: Scope, dtype: str, schedule: Schedule, target, module, path: Path | None, from_cache: bool):
+    def __init__(
+        self, scope: Scope, dtype: str, schedule: Schedule, target, module, path: Path | None, from_cache: bool
+    ):
         self.scope = scope
         self.dtype = dtype
         self.schedule = schedule
@@ -681,7 +700,9 @@ class TvmKernel:
         args = [arrays[name] for name in self.inputs] + [out]
         for arg in args:
             if isinstance(arg, np.ndarray) and not _is_aligned(arg):
-                raise ValueError("TvmKernel.run: numpy buffers must be C-contiguous and 64-byte aligned (use prepare())")
+                raise ValueError(
+                    "TvmKernel.run: numpy buffers must be C-contiguous and 64-byte aligned (use prepare())"
+                )
         self._function(*args)
 
     def _checked(self, arrays: Mapping[str, object]) -> dict[str, object]:
@@ -690,7 +711,9 @@ class TvmKernel:
             raise ExpressionError(f"missing input tensor(s): {', '.join(missing)}")
         for name, shape in self.inputs.items():
             if np.shape(arrays[name]) != tuple(shape):
-                raise ExpressionError(f"input {name} has shape {np.shape(arrays[name])}, the kernel expects {tuple(shape)}")
+                raise ExpressionError(
+                    f"input {name} has shape {np.shape(arrays[name])}, the kernel expects {tuple(shape)}"
+                )
         return {name: arrays[name] for name in self.inputs}
 
     def listing(self) -> str:
@@ -737,7 +760,9 @@ def _normalised(dtype, schedule: Schedule | None, target) -> tuple[str, Schedule
     return np.dtype(dtype).name, schedule or DEFAULT_SCHEDULE, host_target(target)
 
 
-def compile_scope(scope: Scope, *, dtype: str = "float32", schedule: Schedule | None = None, target="llvm") -> TvmKernel:
+def compile_scope(
+    scope: Scope, *, dtype: str = "float32", schedule: Schedule | None = None, target="llvm"
+) -> TvmKernel:
     """Compile ``scope`` into a kernel for ``target`` (``"llvm"``: this CPU), or load it from the
     on-disk cache; raises CodegenError when TVM refuses it."""
     path = cache_path(scope, dtype=dtype, schedule=schedule, target=target)

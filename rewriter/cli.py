@@ -1,11 +1,11 @@
 """The ``rewriter`` command line.
 
-    rewriter cases [--show NAME]               parse, print and evaluate the public cases
-    rewriter eval "EXPRESSION" --shape A=2,3 --shape B=3,4 [--input A=a.npy] [--out y.npy]
-    rewriter derive "EXPRESSION" --shape A=1,7,7,512 --shape K=3,3,512,512 [--max-depth 3]
-    rewriter optimize MODEL.onnx|ZOO-NAME [--small] [--max-depth 3] --out DIR
-    rewriter explain DIR                       the rule path of every subprogram
-    rewriter run DIR --input NAME=FILE.npy [--out y.npy]
+rewriter cases [--show NAME]               parse, print and evaluate the public cases
+rewriter eval "EXPRESSION" --shape A=2,3 --shape B=3,4 [--input A=a.npy] [--out y.npy]
+rewriter derive "EXPRESSION" --shape A=1,7,7,512 --shape K=3,3,512,512 [--max-depth 3]
+rewriter optimize MODEL.onnx|ZOO-NAME [--small] [--max-depth 3] --out DIR
+rewriter explain DIR                       the rule path of every subprogram
+rewriter run DIR --input NAME=FILE.npy [--out y.npy]
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ def cmd_cases(args, console: Console) -> int:
         out = evaluate(expr, inputs)
         elapsed = (time.perf_counter() - start) * 1e3
         inputs_text = " ".join(f"{n}{tuple(s)}".replace(" ", "") for n, s in shapes.items())
-        table.add_row(case.name, inputs_text, str(out.shape).replace(" ", ""), "yes" if round_trip else "NO", f"{elapsed:.1f}")
+        table.add_row(
+            case.name, inputs_text, str(out.shape).replace(" ", ""), "yes" if round_trip else "NO", f"{elapsed:.1f}"
+        )
     console.print(table)
     if args.show:
         _show(CASES[args.show], console)
@@ -132,22 +134,45 @@ def cmd_optimize(args, console: Console) -> int:
         table.add_column(column, no_wrap=True, justify="right" if column != "subprogram" else "left")
 
     # a bar over the subprograms (search, compilation and measurement) with the time remaining
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                        console=console, transient=True)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
     bar = progress.add_task("deriving, compiling, measuring", total=None)
 
     def report(sub, index, total):
         speedup = sub.original_s / sub.optimized_s if sub.optimized_s else float("nan")
-        progress.console.print(f"[{index + 1}/{total}] {sub.name}: {sub.state}, {sub.original_s * 1e3:.3f} -> "
-                               f"{sub.optimized_s * 1e3:.3f} ms ({'+'.join(sub.kernels)})", markup=False, highlight=False)
+        progress.console.print(
+            f"[{index + 1}/{total}] {sub.name}: {sub.state}, {sub.original_s * 1e3:.3f} -> "
+            f"{sub.optimized_s * 1e3:.3f} ms ({'+'.join(sub.kernels)})",
+            markup=False,
+            highlight=False,
+        )
         progress.update(bar, total=total, completed=index + 1)
-        table.add_row(sub.name, sub.state, f"{sub.original_s * 1e3:.3f}", f"{sub.optimized_s * 1e3:.3f}", f"{speedup:.2f}x",
-                      f"{sub.kernels_before}/{sub.kernels_after}", f"{sub.search_s:.1f}")
+        table.add_row(
+            sub.name,
+            sub.state,
+            f"{sub.original_s * 1e3:.3f}",
+            f"{sub.optimized_s * 1e3:.3f}",
+            f"{speedup:.2f}x",
+            f"{sub.kernels_before}/{sub.kernels_after}",
+            f"{sub.search_s:.1f}",
+        )
 
     with progress:
-        optimized = optimize_program(model.program, model.weights, max_depth=args.max_depth, time_limit=args.time_limit,
-                                     subprogram_time_limit=args.subprogram_time_limit, backend=CpuBackend(tune=args.tune),
-                                     on_subprogram=report)
+        optimized = optimize_program(
+            model.program,
+            model.weights,
+            max_depth=args.max_depth,
+            time_limit=args.time_limit,
+            subprogram_time_limit=args.subprogram_time_limit,
+            backend=CpuBackend(tune=args.tune),
+            on_subprogram=report,
+        )
     rng = np.random.default_rng(args.seed)
     feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in model.inputs.items()}
     want = model.original(feeds)
@@ -156,14 +181,30 @@ def cmd_optimize(args, console: Console) -> int:
     for name, value in zip(model.outputs, got):
         error = float(np.abs(value - want[name]).max()) / max(1.0, float(np.abs(want[name]).max()))
         if error > 1e-3:
-            raise ExpressionError(f"optimized {name} disagrees with the original model (relative error {error:.2e}); nothing saved")
+            raise ExpressionError(
+                f"optimized {name} disagrees with the original model (relative error {error:.2e}); nothing saved"
+            )
     for fusion in optimized.fusions:  # post-processing across subprograms (weights only: at build time, 0 s)
         speedup = f"{fusion.seconds_apart / fusion.seconds_fused:.2f}x" if fusion.seconds_fused else "-"
-        table.add_row(f"fused {fusion.producer} into {fusion.consumer}", "post", f"{fusion.seconds_apart * 1e3:.3f}",
-                      f"{fusion.seconds_fused * 1e3:.3f}", speedup, "2/1", "")
+        table.add_row(
+            f"fused {fusion.producer} into {fusion.consumer}",
+            "post",
+            f"{fusion.seconds_apart * 1e3:.3f}",
+            f"{fusion.seconds_fused * 1e3:.3f}",
+            speedup,
+            "2/1",
+            "",
+        )
     total_before = sum(s.original_s for s in optimized.subprograms)
-    table.add_row("total", "", f"{total_before * 1e3:.3f}", f"{optimized.cost * 1e3:.3f}", f"{total_before / optimized.cost:.2f}x",
-                  f"{sum(s.kernels_before for s in optimized.subprograms)}/{len(optimized.program.kernels)}", "")
+    table.add_row(
+        "total",
+        "",
+        f"{total_before * 1e3:.3f}",
+        f"{optimized.cost * 1e3:.3f}",
+        f"{total_before / optimized.cost:.2f}x",
+        f"{sum(s.kernels_before for s in optimized.subprograms)}/{len(optimized.program.kernels)}",
+        "",
+    )
     console.print(table)
     if args.out:
         meta = {"model": args.model, "names": model.names, "inputs": model.inputs, "outputs": list(model.outputs)}
@@ -185,8 +226,12 @@ def cmd_explain(args, console: Console) -> int:
         console.print(f"== {sub.name} ({sub.state})", markup=False, highlight=False)
         console.print(sub.explain, markup=False, highlight=False, soft_wrap=True)
     for fusion in optimized.fusions:
-        console.print(f"== post-processing: {fusion.producer} fused into {fusion.consumer} ({fusion.seconds_apart * 1e3:.3f} -> "
-                      f"{fusion.seconds_fused * 1e3:.3f} ms)", markup=False, highlight=False)
+        console.print(
+            f"== post-processing: {fusion.producer} fused into {fusion.consumer} ({fusion.seconds_apart * 1e3:.3f} -> "
+            f"{fusion.seconds_fused * 1e3:.3f} ms)",
+            markup=False,
+            highlight=False,
+        )
     console.print("== the stitched program, as it runs", markup=False, highlight=False)
     console.print(optimized.program.listing(), markup=False, highlight=False, soft_wrap=True)
     return 0
@@ -230,8 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     dv.add_argument("--max-depth", type=int, default=3)
     dv.add_argument("--time-limit", type=float, default=300.0, metavar="SECONDS")
     dv.add_argument("--show", type=int, default=5, metavar="N", help="candidates to list")
-    dv.add_argument("--backend", choices=("cpu", "reference"), default="cpu",
-                    help="cpu: compile and measure (default); reference: numpy, analytic ranking")
+    dv.add_argument(
+        "--backend",
+        choices=("cpu", "reference"),
+        default="cpu",
+        help="cpu: compile and measure (default); reference: numpy, analytic ranking",
+    )
     dv.add_argument("--out", metavar="DIR", help="save the best compiled program here (cpu backend)")
     dv.add_argument("--tune", type=int, default=0, metavar="N", help="race up to N TVM schedules per kernel")
     op = sub.add_parser("optimize", help="optimize a model (an ONNX file or a zoo name) subprogram by subprogram")
@@ -255,8 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     if not console.is_terminal:
         console = Console(width=160)  # pipes and CI logs: do not squeeze the tables to 80 columns
     try:
-        commands = {"cases": cmd_cases, "eval": cmd_eval, "derive": cmd_derive, "optimize": cmd_optimize,
-                    "explain": cmd_explain, "run": cmd_run}
+        commands = {
+            "cases": cmd_cases,
+            "eval": cmd_eval,
+            "derive": cmd_derive,
+            "optimize": cmd_optimize,
+            "explain": cmd_explain,
+            "run": cmd_run,
+        }
         return commands[args.command](args, console)
     except ExpressionError as err:
         console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False)

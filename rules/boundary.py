@@ -108,7 +108,11 @@ def _offset_plan(scope: Scope, it: Iterator):
             if extent >= it.size:
                 continue
             # c < 0: x lies in [ceil((rest-R+1)/k), floor(rest/k)]; c > 0: in [.., floor((R-1-rest)/k)]
-            top = affine_index(rest, constant) if c < 0 else affine_index({v: -w for v, w in rest.items()}, size - 1 - constant)
+            top = (
+                affine_index(rest, constant)
+                if c < 0
+                else affine_index({v: -w for v, w in rest.items()}, size - 1 - constant)
+            )
             inner = fresh_name(f"{it.name}o", taken)
             x_of_new = top // k - Var(inner)
             new_of_old = top // k - it.var

@@ -27,6 +27,7 @@ def fuse_expressions(program: Program):
         if name in program.outputs or len(readers) != 1:
             continue
         consumer = readers[0]
+
         # a program tensor is stored from 0, a nested scope is read in its iterators' coordinates
         def read(indices, producer=producer):
             return producer[tuple(ix + it.lo for ix, it in zip(indices, producer.traversal))]
@@ -89,8 +90,10 @@ def _batched(program: Program, position: int, members: list[str], inputs: list[s
     shape = tensor_shapes(first)[inputs[0]]
     dims = tuple(Iterator(f"d{k}", 0, size) for k, size in enumerate(shape))
     count = len(members)
-    terms = [Tensor(name, shape)[(Var("d0") + shape[0] * Var("b") - j * shape[0],) + tuple(d.var for d in dims[1:])]
-             for j, name in enumerate(inputs)]
+    terms = [
+        Tensor(name, shape)[(Var("d0") + shape[0] * Var("b") - j * shape[0],) + tuple(d.var for d in dims[1:])]
+        for j, name in enumerate(inputs)
+    ]
     stacked = Scope((Iterator("b", 0, count),) + dims, (), _sum(terms))
     taken = {it.name for it in first.iterators}
     bvar = Var(next(c for c in ("b", "bb", "batch", "b0") if c not in taken))

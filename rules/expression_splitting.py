@@ -21,7 +21,9 @@ def split_expression(scope: Scope):
         halves = []
         for lo, hi in ((it.lo, middle), (middle, it.hi)):
             traversal = scope.traversal[:position] + (Iterator(it.name, lo, hi),) + scope.traversal[position + 1 :]
-            halves.append(Scope(traversal, scope.summation, scope.body, scope.reduce)[tuple(t.var for t in scope.traversal)])
+            halves.append(
+                Scope(traversal, scope.summation, scope.body, scope.reduce)[tuple(t.var for t in scope.traversal)]
+            )
         yield Scope(scope.traversal, (), Binary("+", halves[0], halves[1]))
 
 

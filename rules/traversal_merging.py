@@ -24,18 +24,17 @@ def merge_traversal(scope: Scope):
         if inner.summation or not isinstance(inner.body, Access):
             continue  # only re-indexing scopes: inlining arithmetic would repeat it per read
         reads = [index_bounds(ix, box) for ix in access.indices]
-        if all(it.lo <= lo and hi < it.hi for it, (lo, hi) in zip(inner.traversal, reads)) or _zero_outside(inner, reads):
+        if all(it.lo <= lo and hi < it.hi for it, (lo, hi) in zip(inner.traversal, reads)) or _zero_outside(
+            inner, reads
+        ):
             mapping = {it.name: ix for it, ix in zip(inner.traversal, access.indices)}
             body = replace_subterm(scope.body, access, substitute(inner.body, mapping))
             yield Scope(scope.traversal, scope.summation, body, scope.reduce)
             return
 
 
-
 def _zero_outside(inner: Scope, reads) -> bool:
     """Whether the inner body is 0 on every point the reads reach outside its box."""
-    grown = tuple(
-        Iterator(it.name, min(it.lo, lo), max(it.hi, hi + 1)) for it, (lo, hi) in zip(inner.traversal, reads)
-    )
+    grown = tuple(Iterator(it.name, min(it.lo, lo), max(it.hi, hi + 1)) for it, (lo, hi) in zip(inner.traversal, reads))
     support = padding_support(Scope(grown, inner.summation, inner.body, inner.reduce))
     return all(it.lo <= lo and hi <= it.hi for it, (lo, hi) in zip(inner.traversal, support.values()) if lo < hi)

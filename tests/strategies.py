@@ -81,8 +81,33 @@ from rewriter.ir import (
 # Iterator names: plain letters first, then names that look like keywords or functions but are not
 # reserved (they exercise the tokenizer and the keyword checks of the parser).
 ITERATOR_NAMES = (
-    "i", "j", "k", "h", "w", "n", "c", "r", "s", "f", "x", "y", "z", "p", "q", "u", "v", "t",
-    "k2", "i0", "x_1", "L1", "S2", "Mx", "returned", "exp2", "_a",
+    "i",
+    "j",
+    "k",
+    "h",
+    "w",
+    "n",
+    "c",
+    "r",
+    "s",
+    "f",
+    "x",
+    "y",
+    "z",
+    "p",
+    "q",
+    "u",
+    "v",
+    "t",
+    "k2",
+    "i0",
+    "x_1",
+    "L1",
+    "S2",
+    "Mx",
+    "returned",
+    "exp2",
+    "_a",
 )
 TENSOR_NAMES = ("A", "B", "C", "D", "Wt")
 DEFINITION_NAMES = ("T0", "T1", "T2", "T3", "T4")
@@ -442,7 +467,11 @@ class _Builder:
         traversal, summation = its[:n_trav], its[n_trav:]
         reduce = "max" if summation and self.chance(p.max_probability) else "sum"
         body = self.body(its, depth)
-        if depth == 0 and p.require_nested and not any(True for _ in nested_scopes(Scope(traversal, summation, body, reduce))):
+        if (
+            depth == 0
+            and p.require_nested
+            and not any(True for _ in nested_scopes(Scope(traversal, summation, body, reduce)))
+        ):
             body = Binary(draw(_sampled(tuple("+*"))), body, self.nested_access(its, depth))
         return Scope(traversal, summation, body, reduce)
 
@@ -499,7 +528,9 @@ class _Builder:
         if not self.p.functions:
             return arg
         fn = self.draw(_sampled(tuple(self.p.functions)))
-        if fn == "exp" and not (isinstance(arg, Access) and isinstance(arg.source, Tensor) and arg.source.name not in self.fixed):
+        if fn == "exp" and not (
+            isinstance(arg, Access) and isinstance(arg.source, Tensor) and arg.source.name not in self.fixed
+        ):
             arg = Unary("tanh", arg)  # exp of a bounded value only
         if fn == "sqrt":
             arg = Unary("relu", arg)
@@ -586,7 +617,9 @@ def programs(draw, *, min_definitions: int = 2, max_definitions: int = 3, **para
                 Tensor(definitions[-1][0], definitions[-1][1].shape),
                 tuple(builder.index(scope.traversal + scope.summation, (0, d)) for d in definitions[-1][1].shape),
             )
-            scope = Scope(scope.traversal, scope.summation, Binary(draw(_sampled(tuple("+*"))), scope.body, read), scope.reduce)
+            scope = Scope(
+                scope.traversal, scope.summation, Binary(draw(_sampled(tuple("+*"))), scope.body, read), scope.reduce
+            )
         definitions.append((name, scope))
     outputs = [definitions[-1][0]]
     if count > 1 and draw(_BOOLEANS):

@@ -61,7 +61,9 @@ def test_public_cases_print_exactly():
         "convtranspose": conv_transpose2d((16, 2, 2, 256), (4, 4, 448, 256), stride=2, padding=1, layout="NHWC"),
         "g2bmm": g2bmm(Tensor("Q", (8, 10000, 64)), Tensor("Kt", (8, 10000, 64)), 32, dilation=4),
     }
-    assert str(cases["conv5x5"]) == "L n:16, f:1, h:224, w:224 ; S c:32, r:5, s:5 ; A[n, c, h+r-2, w+s-2] * K[f, c, r, s]"
+    assert (
+        str(cases["conv5x5"]) == "L n:16, f:1, h:224, w:224 ; S c:32, r:5, s:5 ; A[n, c, h+r-2, w+s-2] * K[f, c, r, s]"
+    )
     assert str(cases["conv3x3"]) == "L n:1, h:7, w:7, f:512 ; S c:512, r:3, s:3 ; A[n, h+r-1, w+s-1, c] * K[r, s, f, c]"
     assert str(cases["convtranspose"]) == (
         "L n:16, h:4, w:4, f:448 ; S x:2, y:2, c:256 ; A[n, x, y, c] * K[h+1-2*x, w+1-2*y, f, c]"
@@ -77,16 +79,34 @@ def test_public_cases_print_exactly():
         (lambda: matmul((2, 3), (3, 4)), "L i:2, j:4 ; S k:3 ; A[i, k] * B[k, j]"),
         (lambda: matmul((3, 2), (4, 3), transpose_a=True, transpose_b=True), "L i:2, j:4 ; S k:3 ; A[k, i] * B[j, k]"),
         (lambda: batch_matmul((5, 2, 3), (5, 3, 4)), "L b:5, i:2, j:4 ; S k:3 ; A[b, i, k] * B[b, k, j]"),
-        (lambda: conv2d((1, 3, 9, 9), (4, 3, 3, 3), stride=2, padding=1), "L n:1, f:4, h:5, w:5 ; S c:3, r:3, s:3 ; A[n, c, 2*h+r-1, 2*w+s-1] * K[f, c, r, s]"),
-        (lambda: conv2d((1, 3, 9, 9), (4, 3, 3, 3), dilation=2, padding=2), "L n:1, f:4, h:9, w:9 ; S c:3, r:3, s:3 ; A[n, c, h+2*r-2, w+2*s-2] * K[f, c, r, s]"),
-        (lambda: conv2d((1, 8, 5, 5), (4, 2, 1, 1), groups=4), "L n:1, f:4, h:5, w:5 ; S c:2, r:1, s:1 ; A[n, 2*f+c, h+r, w+s] * K[f, c, r, s]"),
-        (lambda: conv2d((1, 4, 5, 5), (8, 2, 1, 1), groups=2), "L n:1, f:8, h:5, w:5 ; S c:2, r:1, s:1 ; A[n, 2*(f/4)+c, h+r, w+s] * K[f, c, r, s]"),
-        (lambda: conv_transpose2d((1, 3, 4, 4), (3, 2, 3, 3)), "L n:1, f:2, h:6, w:6 ; S c:3, x:4, y:4 ; A[n, c, x, y] * K[c, f, h-x, w-y]"),
+        (
+            lambda: conv2d((1, 3, 9, 9), (4, 3, 3, 3), stride=2, padding=1),
+            "L n:1, f:4, h:5, w:5 ; S c:3, r:3, s:3 ; A[n, c, 2*h+r-1, 2*w+s-1] * K[f, c, r, s]",
+        ),
+        (
+            lambda: conv2d((1, 3, 9, 9), (4, 3, 3, 3), dilation=2, padding=2),
+            "L n:1, f:4, h:9, w:9 ; S c:3, r:3, s:3 ; A[n, c, h+2*r-2, w+2*s-2] * K[f, c, r, s]",
+        ),
+        (
+            lambda: conv2d((1, 8, 5, 5), (4, 2, 1, 1), groups=4),
+            "L n:1, f:4, h:5, w:5 ; S c:2, r:1, s:1 ; A[n, 2*f+c, h+r, w+s] * K[f, c, r, s]",
+        ),
+        (
+            lambda: conv2d((1, 4, 5, 5), (8, 2, 1, 1), groups=2),
+            "L n:1, f:8, h:5, w:5 ; S c:2, r:1, s:1 ; A[n, 2*(f/4)+c, h+r, w+s] * K[f, c, r, s]",
+        ),
+        (
+            lambda: conv_transpose2d((1, 3, 4, 4), (3, 2, 3, 3)),
+            "L n:1, f:2, h:6, w:6 ; S c:3, x:4, y:4 ; A[n, c, x, y] * K[c, f, h-x, w-y]",
+        ),
         (lambda: gbmm((2, 6, 5), (2, 6, 3), 2), "L b:2, i:6, k:3 ; S j:5 ; A[b, i, j] * V[b, i+j-2, k]"),
         (lambda: add((3, 1), (4,)), "L i0:3, i1:4 ; A[i0, 0] + B[i1]"),
         (lambda: maximum((2, 3), 0.0), "L i0:2, i1:3 ; max(A[i0, i1], 0)"),
         (lambda: unary("neg", (2,)), "L i0:2 ; -A[i0]"),
-        (lambda: relu(matmul((2, 3), (3, 4))), "L i0:2, i1:4 ; relu({ L i:2, j:4 ; S k:3 ; A[i, k] * B[k, j] }[i0, i1])"),
+        (
+            lambda: relu(matmul((2, 3), (3, 4))),
+            "L i0:2, i1:4 ; relu({ L i:2, j:4 ; S k:3 ; A[i, k] * B[k, j] }[i0, i1])",
+        ),
         (lambda: reduce_sum((2, 3, 4), 1), "L i0:2, i2:4 ; S r1:3 ; A[i0, r1, i2]"),
         (lambda: reduce_max((2, 3), -1, keepdims=True), "L i0:2, i1:1 ; M r1:3 ; A[i0, r1]"),
         (lambda: reduce_mean((2, 4), 1), "L i0:2 ; S r1:4 ; A[i0, r1] * 0.25"),
@@ -367,7 +387,7 @@ def test_softmax(shape, axis):
 @pytest.mark.parametrize("shape, axes", [((2, 5), -1), ((5,), -1), ((2, 3, 4), (1, 2)), ((2, 3, 4), (-2, -1))])
 @pytest.mark.parametrize("affine", [False, True])
 def test_layer_norm(shape, axes, affine):
-    normalized = shape[-(len(axes) if isinstance(axes, tuple) else 1):]
+    normalized = shape[-(len(axes) if isinstance(axes, tuple) else 1) :]
     kwargs = dict(weight=normalized, bias=normalized) if affine else {}
     expr = layer_norm(shape, axes, eps=1e-3, **kwargs)
     out, x = run(expr)
@@ -424,12 +444,18 @@ def test_every_builder_round_trips(make):
     [
         (lambda: matmul((2, 3), (4, 5)), "matmul: inner dimensions differ: A has 3 columns, B has 4 rows"),
         (lambda: matmul((2, 3, 4), (4, 5)), "matmul: operand A must have rank 2"),
-        (lambda: matmul(matmul((2, 3), (3, 4)), (5, 2)), "matmul: inner dimensions differ: the scope passed as a has 4 columns, B1 has 5 rows"),
+        (
+            lambda: matmul(matmul((2, 3), (3, 4)), (5, 2)),
+            "matmul: inner dimensions differ: the scope passed as a has 4 columns, B1 has 5 rows",
+        ),
         (lambda: matmul("A", (2, 2)), "matmul: argument a must be a Tensor, a Scope or a shape tuple, got str"),
         (lambda: matmul((2, 0), (0, 2)), "matmul: tensor A: dimension 1 has size 0"),
         (lambda: matmul(Tensor("A", (2, 3)), Tensor("A", (3, 4))), "matmul: tensor A is used with two shapes"),
         (lambda: batch_matmul((2, 3, 4), (3, 4, 5)), "batch_matmul: batch sizes differ: A has 2, B has 3"),
-        (lambda: conv2d((1, 4, 5, 5), (2, 3, 3, 3)), "conv2d: weight K has 3 input channels per group, input A has 4 channels and groups=1"),
+        (
+            lambda: conv2d((1, 4, 5, 5), (2, 3, 3, 3)),
+            "conv2d: weight K has 3 input channels per group, input A has 4 channels and groups=1",
+        ),
         (lambda: conv2d((1, 4, 5, 5), (3, 2, 3, 3), groups=2), "conv2d: groups=2 must divide"),
         (lambda: conv2d((1, 4, 5, 5), (2, 4, 3, 3), stride=0), "conv2d: stride must be at least 1, got 0"),
         (lambda: conv2d((1, 4, 5, 5), (2, 4, 3, 3), padding=-1), "conv2d: padding must be at least 0, got -1"),
@@ -439,9 +465,18 @@ def test_every_builder_round_trips(make):
         (lambda: conv2d((1, 4, 5, 5), (2, 4, 3, 3), layout="NCWH"), "conv2d: layout must be one of NCHW, NHWC"),
         (lambda: conv2d((1, 4, 2, 5), (2, 4, 3, 3)), "conv2d: the kernel does not fit: input height 2"),
         (lambda: conv2d((4, 5, 5), (2, 4, 3, 3)), "conv2d: input A must have rank 4"),
-        (lambda: conv_transpose2d((1, 4, 5, 5), (3, 2, 3, 3)), "conv_transpose2d: weight K has 3 input channels, input A has 4"),
-        (lambda: conv_transpose2d((1, 4, 5, 5), (4, 2, 3, 3), stride=2, output_padding=2), "conv_transpose2d: output_padding (2, 2) must be smaller than the stride"),
-        (lambda: conv_transpose2d((1, 4, 1, 1), (4, 2, 1, 1), padding=1), "conv_transpose2d: padding (1, 1) leaves an empty output"),
+        (
+            lambda: conv_transpose2d((1, 4, 5, 5), (3, 2, 3, 3)),
+            "conv_transpose2d: weight K has 3 input channels, input A has 4",
+        ),
+        (
+            lambda: conv_transpose2d((1, 4, 5, 5), (4, 2, 3, 3), stride=2, output_padding=2),
+            "conv_transpose2d: output_padding (2, 2) must be smaller than the stride",
+        ),
+        (
+            lambda: conv_transpose2d((1, 4, 1, 1), (4, 2, 1, 1), padding=1),
+            "conv_transpose2d: padding (1, 1) leaves an empty output",
+        ),
         (lambda: g2bmm((2, 8, 4), (2, 8, 3), 1), "g2bmm: feature sizes differ: Q has 4, K has 3"),
         (lambda: g2bmm((2, 8, 4), (2, 8, 4), -1), "g2bmm: width must be at least 0, got -1"),
         (lambda: g2bmm((2, 8, 4), (2, 8, 4), 1, dilation=0), "g2bmm: dilation must be at least 1, got 0"),
@@ -457,7 +492,10 @@ def test_every_builder_round_trips(make):
         (lambda: layer_norm((2, 3, 4), (0, 1)), "layer_norm: axes (0, 1) must be the trailing axes"),
         (lambda: layer_norm((2, 3), weight=(2,)), "layer_norm: weight W has shape (2,), the normalised shape is (3,)"),
         (lambda: layer_norm((2, 3), eps=-1.0), "layer_norm: eps must be a non-negative number"),
-        (lambda: einsum("ij,jk->ik", (2, 3), (4, 5)), "einsum: letter 'j' has size 3 in A (axis 1) but 4 in B (axis 0)"),
+        (
+            lambda: einsum("ij,jk->ik", (2, 3), (4, 5)),
+            "einsum: letter 'j' has size 3 in A (axis 1) but 4 in B (axis 0)",
+        ),
         (lambda: einsum("ii", (2, 3)), "einsum: letter 'i' has size 2 in A (axis 0) but 3 in A (axis 1)"),
         (lambda: einsum("ij,jk->ik", (2, 3)), "einsum: subscripts 'ij,jk->ik' name 2 operand(s), 1 given"),
         (lambda: einsum("ijk", (2, 3)), "einsum: subscript 'ijk' has 3 letter(s) but A has rank 2"),

@@ -17,7 +17,18 @@ def test_cases_main_job_shows_every_case_and_one_in_full(capsys):
 def test_eval_writes_the_result(tmp_path, capsys):
     a = np.arange(6, dtype=np.float64).reshape(2, 3)
     np.save(tmp_path / "a.npy", a)
-    code = main(["eval", "L i:3 ; S k:2 ; A[k, i]", "--shape", "A=2,3", "--input", f"A={tmp_path / 'a.npy'}", "--out", str(tmp_path / "y.npy")])
+    code = main(
+        [
+            "eval",
+            "L i:3 ; S k:2 ; A[k, i]",
+            "--shape",
+            "A=2,3",
+            "--input",
+            f"A={tmp_path / 'a.npy'}",
+            "--out",
+            str(tmp_path / "y.npy"),
+        ]
+    )
     assert code == 0
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), a.sum(axis=0))
 
@@ -31,7 +42,9 @@ def test_errors_are_one_line_not_a_traceback(capsys):
 
 
 def test_derive_lists_verified_candidates_and_explains_the_best(capsys):
-    code = main(["derive", "L i:4, j:5 ; S k:3 ; A[i, k] * B[k, j]", "--shape", "A=4,3", "--shape", "B=3,5", "--max-depth", "1"])
+    code = main(
+        ["derive", "L i:4, j:5 ; S k:3 ; A[i, k] * B[k, j]", "--shape", "A=4,3", "--shape", "B=3,5", "--max-depth", "1"]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "verified candidates" in out and "matmul" in out and "E1 = L i:4, j:5" in out

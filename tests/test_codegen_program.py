@@ -86,7 +86,9 @@ def test_saved_programs_run_in_a_new_process_without_searching(tmp_path):
         f"p = load({str(tmp_path / 'prog')!r}); x = dict(np.load({str(tmp_path / 'inputs.npz')!r}));"
         f"np.save({str(tmp_path / 'out.npy')!r}, p(**x)); print(p.listing())"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(tmp_path.parent), env=_env())
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=str(tmp_path.parent), env=_env()
+    )
     assert done.returncode == 0, done.stderr
     _close(np.load(tmp_path / "out.npy"), evaluate(expr, inputs))
     assert load(tmp_path / "prog").kernels == program.kernels
@@ -153,8 +155,14 @@ def test_remeasure_times_shared_kernels_once_and_replaces_stale_timings(tmp_path
     shapes = {"A": (64, 48)}
     double = Kernel("eop", "T0", parse("L i:64, j:48 ; 2 * A[i, j]", shapes))
     db = MeasurementDB(tmp_path / "m.sqlite")
-    programs = [compile_candidate(Candidate([double, Kernel("eop", "out", parse(f"L i:64, j:48 ; T0[i, j] + {c}", {"T0": (64, 48)}))]),
-                                  shapes, db=db) for c in (1, 2)]
+    programs = [
+        compile_candidate(
+            Candidate([double, Kernel("eop", "out", parse(f"L i:64, j:48 ; T0[i, j] + {c}", {"T0": (64, 48)}))]),
+            shapes,
+            db=db,
+        )
+        for c in (1, 2)
+    ]
     shared = programs[0].steps[0].signature("float32")
     db.put(shared, Timing(1000.0, 0.0, 1, False))
     assert all(p.measure(db) > 1000 for p in programs)
@@ -169,12 +177,23 @@ def _two_parts(db):
     from rewriter import parse
     from rewriter.lower import Candidate, Kernel
 
-    first = compile_candidate(Candidate([
-        Kernel("eop", "T0", parse("L i:8, j:6 ; S k:5 ; ARG0[i, k] * ARG1[k, j]", {"ARG0": (8, 5), "ARG1": (5, 6)})),
-        Kernel("eop", "out", parse("L i:8, j:6 ; relu(T0[i, j])", {"T0": (8, 6)})),
-    ]), {"ARG0": (8, 5), "ARG1": (5, 6)}, db=db)
-    second = compile_candidate(Candidate([Kernel("eop", "out", parse("L j:6, i:8 ; 3 * ARG0[i, j]", {"ARG0": (8, 6)}))]),
-                               {"ARG0": (8, 6)}, db=db)
+    first = compile_candidate(
+        Candidate(
+            [
+                Kernel(
+                    "eop", "T0", parse("L i:8, j:6 ; S k:5 ; ARG0[i, k] * ARG1[k, j]", {"ARG0": (8, 5), "ARG1": (5, 6)})
+                ),
+                Kernel("eop", "out", parse("L i:8, j:6 ; relu(T0[i, j])", {"T0": (8, 6)})),
+            ]
+        ),
+        {"ARG0": (8, 5), "ARG1": (5, 6)},
+        db=db,
+    )
+    second = compile_candidate(
+        Candidate([Kernel("eop", "out", parse("L j:6, i:8 ; 3 * ARG0[i, j]", {"ARG0": (8, 6)}))]),
+        {"ARG0": (8, 6)},
+        db=db,
+    )
     first.measure(db), second.measure(db)
     w = np.random.default_rng(1).uniform(-1, 1, (5, 6))
     first.bind({"ARG1": w})

@@ -97,14 +97,19 @@ def test_default_schedule_vectorises_and_parallelises():
     assert "T.parallel" in listing and "T.vectorized" in listing
 
 
-@pytest.mark.parametrize("text, shape", [("L h:7, w:20, n:3, c:16 ; X[n, c, h, w]", (3, 16, 7, 20)),
-                                         ("L w:9, c:24 ; 2 * X[c, w] + X[c, 8-w]", (24, 9))])
+@pytest.mark.parametrize(
+    "text, shape",
+    [("L h:7, w:20, n:3, c:16 ; X[n, c, h, w]", (3, 16, 7, 20)), ("L w:9, c:24 ; 2 * X[c, w] + X[c, 8-w]", (24, 9))],
+)
 def test_transpositions_are_blocked_along_the_rows_they_read(text, shape):
     """A layout eOperator whose lanes gather is blocked: rows of the loop its reads run along
     sit inside, next to the lanes (seen as an unrolled loop), with the same values."""
     expr = parse(text, {"X": shape})
     listing = compile_scope(expr, dtype="float32").listing()
-    assert "T.unroll" in listing and "T.unroll" not in compile_scope(expr, dtype="float32", schedule=Schedule(block=1)).listing()
+    assert (
+        "T.unroll" in listing
+        and "T.unroll" not in compile_scope(expr, dtype="float32", schedule=Schedule(block=1)).listing()
+    )
     assert_matches(expr, random_inputs(expr, 3), dtype="float32")
 
 
@@ -142,7 +147,9 @@ def test_floor_division_and_modulo_of_negative_numerators(body):
     expr = parse(f"L i:8 ; S j:8 ; {body}" if "j" in body else f"L i:8 ; {body}", {"A": (8,)})
     inputs = {"A": np.arange(1.0, 9.0)}
     for schedule in [Schedule(), Schedule(vector=1), Schedule(pad=False), Schedule(reduction_vector=True)]:
-        np.testing.assert_array_equal(compiled(expr, inputs, schedule=schedule), evaluate(expr, inputs), err_msg=str(schedule))
+        np.testing.assert_array_equal(
+            compiled(expr, inputs, schedule=schedule), evaluate(expr, inputs), err_msg=str(schedule)
+        )
 
 
 def test_max_reduction_sees_padding_zeros():

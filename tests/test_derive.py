@@ -36,7 +36,9 @@ def test_conv1x1_is_a_single_matmul_reading_the_input_in_place():
 
 def test_strided_operands_match_without_copies():
     """OLLIE Expression (2): C[b, 0, m, 1+k] D[b-1, b, k, n] is a BatchMatmul read in place."""
-    expr = parse("L b:1..3, m:4, n:5 ; S k:3 ; C[b, 0, m, 1+k] * D[b-1, b, k, n]", {"C": (3, 2, 4, 4), "D": (2, 3, 3, 5)})
+    expr = parse(
+        "L b:1..3, m:4, n:5 ; S k:3 ; C[b, 0, m, 1+k] * D[b-1, b, k, n]", {"C": (3, 2, 4, 4), "D": (2, 3, 3, 5)}
+    )
     match = match_gemm(expr)
     assert match is not None and match.kind == "batch_matmul"
     inputs = random_inputs(expr, 0)
@@ -87,10 +89,20 @@ def test_the_offset_add_of_a_convtranspose_sums_only_the_taps_that_meet_each_poi
 
     def offset_add(candidate):
         gemm = [k.output for k in candidate.kernels if k.kind in ("matmul", "batch_matmul")]
-        return [k for k in candidate.kernels if k.kind == "eop" and k.expr.summation and set(gemm) & set(tensor_shapes(k.expr))]
+        return [
+            k
+            for k in candidate.kernels
+            if k.kind == "eop" and k.expr.summation and set(gemm) & set(tensor_shapes(k.expr))
+        ]
 
-    lighter = [c for c in derivation.candidates if any(math.prod(it.size for it in k.expr.summation) == 4 for k in offset_add(c))]
-    assert lighter and any(step.kind == "guided" and step.rule == "summation boundary tightening" for step in lighter[0].source.path)
+    lighter = [
+        c
+        for c in derivation.candidates
+        if any(math.prod(it.size for it in k.expr.summation) == 4 for k in offset_add(c))
+    ]
+    assert lighter and any(
+        step.kind == "guided" and step.rule == "summation boundary tightening" for step in lighter[0].source.path
+    )
     inputs = random_inputs(expr, 2)
     np.testing.assert_allclose(lighter[0](**inputs), evaluate(expr, inputs), rtol=1e-8, atol=1e-8)
 
@@ -116,7 +128,9 @@ def test_weight_only_kernels_are_marked():
 
     relayout = parse("L a:3, b:4 ; K[b, a]", {"K": (4, 3)})
     product = parse("L i:2, j:4 ; S a:3 ; A[i, a] * T0[a, j]", {"A": (2, 3), "T0": (3, 4)})
-    candidate = postprocess(Candidate([Kernel("eop", "T0", relayout), Kernel("matmul", "out", product, match_gemm(product))]), ("K",))
+    candidate = postprocess(
+        Candidate([Kernel("eop", "T0", relayout), Kernel("matmul", "out", product, match_gemm(product))]), ("K",)
+    )
     assert [k.weight_only for k in candidate.kernels] == [True, False]
     a, k = np.ones((2, 3)), np.arange(12.0).reshape(4, 3)
     np.testing.assert_allclose(candidate(A=a, K=k), a @ k.T)
@@ -141,7 +155,10 @@ def test_band_matmuls_match_the_g2bmm_and_gbmm_tables():
 
     dilated = match_band(CASES["g2bmm"].expression())
     assert (dilated.kind, dilated.dilation) == ("g2bmm", 4)
-    for expr, kind in ((g2bmm((2, 10, 4), (2, 10, 4), width=2), "g2bmm"), (gbmm((2, 10, 5), (2, 10, 3), width=2, dilation=2), "gbmm")):
+    for expr, kind in (
+        (g2bmm((2, 10, 4), (2, 10, 4), width=2), "g2bmm"),
+        (gbmm((2, 10, 5), (2, 10, 3), width=2, dilation=2), "gbmm"),
+    ):
         candidate = instantiate(expr)
         assert [k.kind for k in candidate.kernels] == [kind]
         inputs = random_inputs(expr, 5)
@@ -255,7 +272,9 @@ def test_an_operand_broadcast_along_a_batch_dimension_matches_batch_matmul():
     match = match_gemm(scope)
     assert match.kind == "batch_matmul" and match.a.shape == (3, 4, 5) and match.b.strides[0] == 0
     inputs = random_inputs(scope)
-    np.testing.assert_allclose(Candidate([Kernel("batch_matmul", "out", scope, match)])(**inputs), evaluate(scope, inputs))
+    np.testing.assert_allclose(
+        Candidate([Kernel("batch_matmul", "out", scope, match)])(**inputs), evaluate(scope, inputs)
+    )
 
 
 def test_sampled_reference_values_are_the_full_ones_in_each_box():
@@ -264,7 +283,9 @@ def test_sampled_reference_values_are_the_full_ones_in_each_box():
     from rewriter.pipeline.verify import Check
 
     shapes = {"A": (30, 40), "B": (3,)}
-    expr = parse("L i:40, j:30 ; relu({ L a:30, b:40 ; S k:3 ; A[a+k-1, b] * B[k] }[j, i] + { L c:40 ; B[c/20] }[i])", shapes)
+    expr = parse(
+        "L i:40, j:30 ; relu({ L a:30, b:40 ; S k:3 ; A[a+k-1, b] * B[k] }[j, i] + { L c:40 ; B[c/20] }[i])", shapes
+    )
     inputs = random_inputs(expr)
     check = Check(expr, inputs, 1e-9, sampled=True, rng=np.random.default_rng(1))
     full = evaluate(expr, inputs)

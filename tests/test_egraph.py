@@ -81,7 +81,7 @@ def test_round_trip_of_random_scopes(expr):
 
 
 def test_from_egglog_rejects_malformed_text():
-    for text in ['(MkScope (ItNil) (ItNil) (Num 1.0) "sum"', '(Foo 1)', '(MkScope (ItNil) (ItNil) (Num 1.0) "sum") x']:
+    for text in ['(MkScope (ItNil) (ItNil) (Num 1.0) "sum"', "(Foo 1)", '(MkScope (ItNil) (ItNil) (Num 1.0) "sum") x']:
         with pytest.raises(ExpressionError):
             from_egglog(text)
 
@@ -152,7 +152,9 @@ def test_raw_text_and_handles_mix():
     graph = ExpressionGraph()
     a = parse("L i:4 ; T[i] + 0", SHAPES)
     ha = graph.add(a)
-    graph.union(ha, '(MkScope (ItCons (It "i" 0 4) (ItNil)) (ItNil) (Access (Input "T" "4") (IxCons (IVar "i") (IxNil))) "sum")')
+    graph.union(
+        ha, '(MkScope (ItCons (It "i" 0 4) (ItNil)) (ItNil) (Access (Input "T" "4") (IxCons (IVar "i") (IxNil))) "sum")'
+    )
     assert graph.equivalent(a, parse("L i:4 ; T[i]", SHAPES))
     assert graph.extract(ha) == parse("L i:4 ; T[i]", SHAPES)
 

@@ -55,7 +55,9 @@ SMALL = {
 def test_small_convolutions_agree_with_torch(name):
     text, shapes = SMALL[name]
     inputs = random_inputs(shapes)
-    np.testing.assert_allclose(evaluate(parse(text, shapes), inputs), torch_reference(name, inputs), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+        evaluate(parse(text, shapes), inputs), torch_reference(name, inputs), rtol=1e-10, atol=1e-10
+    )
 
 
 @pytest.mark.parametrize("name", ["conv3x3", "convtranspose", "conv5x5"])
@@ -72,7 +74,9 @@ def test_small_g2bmm_agrees_with_loops(batch, n, width, dilation, depth):
     text = G2BMM.format(B=batch, N=n, J=2 * width + 1, D=depth, dil=dilation, off=dilation * width)
     shapes = {"Q": (batch, n, depth), "Kt": (batch, n, depth)}
     inputs = random_inputs(shapes)
-    np.testing.assert_allclose(evaluate(parse(text, shapes), inputs), g2bmm_loops(inputs["Q"], inputs["Kt"], width, dilation), atol=1e-12)
+    np.testing.assert_allclose(
+        evaluate(parse(text, shapes), inputs), g2bmm_loops(inputs["Q"], inputs["Kt"], width, dilation), atol=1e-12
+    )
 
 
 def test_full_size_g2bmm_agrees_with_loops():
@@ -121,7 +125,8 @@ def test_max_reduction_sum_of_terms_and_division():
         "L i:3 ; S j:4, k:5 ; A[i, j]": 5 * a.sum(axis=1),
         "L i:3, j:4 ; max(relu(A[i, j]), sigmoid(B[i]))": np.maximum(np.maximum(a, 0), (1 / (1 + np.exp(-b)))[:, None]),
         "L ; S i:3, j:4 ; A[i, j]": np.array(a.sum()),
-        "L i:3, j:4 ; tanh(A[i%2, (j+i)/2]) * 0.5": 0.5 * np.tanh(a[np.arange(3)[:, None] % 2, (np.arange(4)[None, :] + np.arange(3)[:, None]) // 2]),
+        "L i:3, j:4 ; tanh(A[i%2, (j+i)/2]) * 0.5": 0.5
+        * np.tanh(a[np.arange(3)[:, None] % 2, (np.arange(4)[None, :] + np.arange(3)[:, None]) // 2]),
     }
     for text, expected in cases.items():
         np.testing.assert_allclose(evaluate(parse(text, shapes), inputs), expected, rtol=1e-12, err_msg=text)

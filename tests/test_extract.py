@@ -77,7 +77,9 @@ def test_derive_extraction_costs_measured_kernels_at_their_measured_time(tmp_pat
     own = canonical(expr)
     analytic = postprocess(instantiate(own)).cost
     assert extraction.cost(own) == analytic
-    program = compile_candidate(postprocess(instantiate(expr)), {"A": (32, 16), "B": (16, 48)}, db=MeasurementDB(tmp_path / "m.sqlite"))
+    program = compile_candidate(
+        postprocess(instantiate(expr)), {"A": (32, 16), "B": (16, 48)}, db=MeasurementDB(tmp_path / "m.sqlite")
+    )
     program.measure()
     extraction.learn(program)
     (step,) = program.steps

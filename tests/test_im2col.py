@@ -26,8 +26,10 @@ def convolutions(draw):
     summed = draw(st.permutations(["c", "r", "s"]))
     weight_dims = draw(st.permutations(["f", "c", "r", "s"]))
     sizes = {"f": f, "c": c, "r": r, "s": s}
-    text = (f"L {', '.join(ranges[i] for i in traversal)} ; S {', '.join(f'{i}:{sizes[i]}' for i in summed)} ; "
-            f"X[n, c, {stride}*h+{dilation}*r-{pad}, {stride}*w+{dilation}*s-{pad}] * W[{', '.join(weight_dims)}]")
+    text = (
+        f"L {', '.join(ranges[i] for i in traversal)} ; S {', '.join(f'{i}:{sizes[i]}' for i in summed)} ; "
+        f"X[n, c, {stride}*h+{dilation}*r-{pad}, {stride}*w+{dilation}*s-{pad}] * W[{', '.join(weight_dims)}]"
+    )
     return parse(text, {"X": (n, c, height, width), "W": tuple(sizes[d] for d in weight_dims)})
 
 
@@ -54,7 +56,10 @@ def test_a_batch_read_by_both_operands_is_not_one_gemm():
 
 
 def test_a_compiled_convolution_races_im2col_against_tvm_and_computes_the_convolution():
-    expr = parse("L n:1, f:8, h:6, w:6 ; S c:4, r:3, s:3 ; X[n, c, h+r-1, w+s-1] * W[f, c, r, s]", {"X": (1, 4, 6, 6), "W": (8, 4, 3, 3)})
+    expr = parse(
+        "L n:1, f:8, h:6, w:6 ; S c:4, r:3, s:3 ; X[n, c, h+r-1, w+s-1] * W[f, c, r, s]",
+        {"X": (1, 4, 6, 6), "W": (8, 4, 3, 3)},
+    )
     program = compile_candidate(Candidate(instantiate(expr).kernels), {"X": (1, 4, 6, 6), "W": (8, 4, 3, 3)})
     assert program.steps[0].impl in ("im2col", "tvm")
     rng = np.random.default_rng(0)

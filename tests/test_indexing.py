@@ -95,7 +95,10 @@ def test_normal_form_and_simplification_keep_the_value(case):
 
 def test_equal_by_algebra_means_equal_forms():
     shapes = {"A": (99,)}
-    forms = [normalize(parse(f"L h:5, r:3 ; A[{text}]", shapes).body.indices[0]) for text in ("h+r-1", "r-1+h", "2*(h+r)-h-r-1", "-(1-h-r)")]
+    forms = [
+        normalize(parse(f"L h:5, r:3 ; A[{text}]", shapes).body.indices[0])
+        for text in ("h+r-1", "r-1+h", "2*(h+r)-h-r-1", "-(1-h-r)")
+    ]
     assert len(set(forms)) == 1
 
 
@@ -198,7 +201,11 @@ def test_linear_form_structure():
     assert form.constant == 7
     assert form.terms == (("h", 3), ("z", -1), (Div(normalize(ix("r+1")), 2), 1), (Div(normalize(ix("z")), 4), 4))
     assert form == LinearForm.of(dict(form.terms), 7)
-    assert with_remainders(form).terms == (("h", 3), (Div(normalize(ix("r+1")), 2), 1), (Mod(normalize(ix("z")), 4), -1))
+    assert with_remainders(form).terms == (
+        ("h", 3),
+        (Div(normalize(ix("r+1")), 2), 1),
+        (Mod(normalize(ix("z")), 4), -1),
+    )
     assert str(form) == "3*h+(r+1)/2-z%4+7"
     assert normalize(ix("2*(3*h+(r+1)/2-z%4+7)-(3*h+(r+1)/2-z%4+7)")) == form  # linear
     assert affine_coefficients(ix("(2*h+2)/2-r")) == ({"h": 1, "r": -1}, 1)
@@ -264,7 +271,10 @@ def test_bounds_enclose_every_value_and_are_exact_when_affine(case):
 
 
 def test_iterators_of_the_box_are_all_needed():
-    assert index_bounds(parse("L i:3, j:4 ; A[2*i-j]", {"A": (9,)}).body.indices[0], {"i": (0, 3), "j": (0, 4)}) == (-3, 4)
+    assert index_bounds(parse("L i:3, j:4 ; A[2*i-j]", {"A": (9,)}).body.indices[0], {"i": (0, 3), "j": (0, 4)}) == (
+        -3,
+        4,
+    )
     assert index_bounds(ix("h+r-1"), [Iterator("h", -1, 9), Iterator("r", 0, 3)]) == (-2, 9)
     assert index_bounds(ix("h%4"), {"h": (5, 7)}) == (1, 2)
     assert index_bounds(ix("h%4"), {"h": (3, 5)}) == (0, 3)
@@ -313,7 +323,10 @@ def test_isl_examples():
     assert not is_bijective([ix("x")], box, [(0, 4)])  # y is lost
     assert is_bijective([ix("y"), ix("3-x")], box, [(0, 3), (0, 4)])
     assert image_box([ix("2*x")], box) == (((0, 7),), False)
-    assert str(index_map([ix("h+r-1")], {"h": (-1, 9), "r": (0, 3)})) == "{ [i0, i1] -> [-1 + i0 + i1] : -1 <= i0 <= 8 and 0 <= i1 <= 2 }"
+    assert (
+        str(index_map([ix("h+r-1")], {"h": (-1, 9), "r": (0, 3)}))
+        == "{ [i0, i1] -> [-1 + i0 + i1] : -1 <= i0 <= 8 and 0 <= i1 <= 2 }"
+    )
     with pytest.raises(ExpressionError, match="2 index"):
         is_bijective([ix("x"), ix("y")], box, [(0, 4)])
     with pytest.raises(ExpressionError, match="no range"):
@@ -324,8 +337,12 @@ def test_isl_examples():
 @given(index_on_box(), st.data())
 def test_equal_on_agrees_with_brute_force(case, data):
     iters, a = case
-    b = data.draw(st.sampled_from([simplify(a), simplify(a, _ranges(iters)), data.draw(indices(iters, div_probability=0.3))]))
-    assert equal_on(a, b, _ranges(iters)) == bool(np.array_equal(_values(a, _ranges(iters)), _values(b, _ranges(iters))))
+    b = data.draw(
+        st.sampled_from([simplify(a), simplify(a, _ranges(iters)), data.draw(indices(iters, div_probability=0.3))])
+    )
+    assert equal_on(a, b, _ranges(iters)) == bool(
+        np.array_equal(_values(a, _ranges(iters)), _values(b, _ranges(iters)))
+    )
 
 
 def _check_inverse(idx, ranges, new_names):
@@ -344,7 +361,9 @@ def test_inverse_examples():
     assert _check_inverse([ix("y"), ix("x")], box, ["a", "b"]) == {"x": "b", "y": "a"}
     assert _check_inverse([ix("6-x")], {"x": (-2, 4)}, ["u"]) == {"x": "-u+6"}
     assert _check_inverse([ix("z/3"), ix("z%3")], {"z": (0, 12)}, ["x", "y"]) == {"z": "3*x+y"}
-    _check_inverse([ix("(x+2*y)%5"), ix("y")], {"x": (0, 5), "y": (0, 3)}, ["a", "b"])  # a rotation: isl's nested floors
+    _check_inverse(
+        [ix("(x+2*y)%5"), ix("y")], {"x": (0, 5), "y": (0, 3)}, ["a", "b"]
+    )  # a rotation: isl's nested floors
     _check_inverse([ix("2*x+1")], {"x": (0, 5)}, ["o"])  # image not a box: exact on the odd numbers
     with pytest.raises(ExpressionError, match="not injective"):
         inverse([ix("x+y")], box, ["s"])
@@ -391,10 +410,21 @@ def test_inverse_of_random_bijections(case):
 
 
 def test_inverse_of_merges_splits_and_skews():
-    assert _check_inverse([ix("4*x+2*y+z")], {"x": (0, 2), "y": (0, 2), "z": (0, 2)}, ["m"]) == {"x": "m/4", "y": "m/2%2", "z": "m%2"}
-    assert _check_inverse([ix("-4*x-2*y+z")], {"x": (0, 2), "y": (0, 2), "z": (1, 3)}, ["m"]) == {"x": "-((m+1)/4)", "y": "-((m+1)/2%2)+1", "z": "(m+1)%2+1"}
+    assert _check_inverse([ix("4*x+2*y+z")], {"x": (0, 2), "y": (0, 2), "z": (0, 2)}, ["m"]) == {
+        "x": "m/4",
+        "y": "m/2%2",
+        "z": "m%2",
+    }
+    assert _check_inverse([ix("-4*x-2*y+z")], {"x": (0, 2), "y": (0, 2), "z": (1, 3)}, ["m"]) == {
+        "x": "-((m+1)/4)",
+        "y": "-((m+1)/2%2)+1",
+        "z": "(m+1)%2+1",
+    }
     assert _check_inverse([ix("x+5*y"), ix("y")], {"x": (0, 4), "y": (0, 3)}, ["s", "t"]) == {"x": "s-5*t", "y": "t"}
-    assert _check_inverse([ix("(x+2*y)/3"), ix("(x+2*y)%3"), ix("y")], {"x": (0, 6), "y": (0, 2)}, ["a", "b", "c"]) == {"x": "3*a+b-2*c", "y": "c"}
+    assert _check_inverse([ix("(x+2*y)/3"), ix("(x+2*y)%3"), ix("y")], {"x": (0, 6), "y": (0, 2)}, ["a", "b", "c"]) == {
+        "x": "3*a+b-2*c",
+        "y": "c",
+    }
     with pytest.raises(ExpressionError, match="piecewise"):  # a transposed split: not found (isl splits it)
         inverse([ix("2*(x%2)+x/2")], {"x": (0, 4)}, ["u"])
 

@@ -56,7 +56,15 @@ def test_index_printing_keeps_trees_apart(tree, text):
 
 def test_scalar_printing_keeps_trees_apart():
     a = Tensor("A", (2,))[Var("i")]
-    for body in (Unary("neg", Num(2.0)), Num(-2.0), a - (a - a), -(a * a), (-a) * a, Num(1e-5) * a, Num(0.5) + Num(1e20)):
+    for body in (
+        Unary("neg", Num(2.0)),
+        Num(-2.0),
+        a - (a - a),
+        -(a * a),
+        (-a) * a,
+        Num(1e-5) * a,
+        Num(0.5) + Num(1e20),
+    ):
         expr = Scope((Iterator("i", 0, 2),), (), body)
         assert parse(str(expr), {"A": (2,)}) == expr, str(expr)
 
@@ -130,7 +138,10 @@ def test_malformed_text_is_refused_with_a_named_culprit(text, message):
         (lambda: Iterator("i", 2, 2), "empty range"),
         (lambda: Num(float("nan")), "not finite"),
         (lambda: Unary("log", Num(1.0)), "unknown function 'log'"),
-        (lambda: Scope((Iterator("i", 0, 2),), (), Tensor("A", (2,))[Var("k")]), "unbound iterator 'k' in index 0 (k) of tensor A"),
+        (
+            lambda: Scope((Iterator("i", 0, 2),), (), Tensor("A", (2,))[Var("k")]),
+            "unbound iterator 'k' in index 0 (k) of tensor A",
+        ),
         (
             lambda: Scope((Iterator("i", 0, 2),), (), Tensor("A", (2,))[Var("i")] * Tensor("A", (3,))[Var("i")]),
             "tensor A is used with two shapes",

@@ -27,7 +27,8 @@ def rnd(*shape, seed=0, low=None):
 def graph_model(nodes, inputs, outputs=("y",), constants=None, opset=17):
     """A model from nodes; ``inputs`` maps graph input names to shapes, ``constants`` names to arrays."""
     graph = helper.make_graph(
-        nodes, "test",
+        nodes,
+        "test",
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in inputs.items()],
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
         [numpy_helper.from_array(np.asarray(value), name) for name, value in (constants or {}).items()],
@@ -73,24 +74,48 @@ X4 = {"x": (2, 3, 7, 7)}
 # (id, op type, operands (a shape: graph input, an array: initializer), attributes[, opset])
 OP_CASES = [
     ("conv", "Conv", {**X4, "w": rnd(4, 3, 3, 3), "b": rnd(4)}, dict(pads=[1, 1, 1, 1])),
-    ("conv_stride_dilation", "Conv", {**X4, "w": rnd(4, 3, 3, 2)}, dict(strides=[2, 1], dilations=[2, 1], pads=[2, 1, 2, 0])),
+    (
+        "conv_stride_dilation",
+        "Conv",
+        {**X4, "w": rnd(4, 3, 3, 2)},
+        dict(strides=[2, 1], dilations=[2, 1], pads=[2, 1, 2, 0]),
+    ),
     ("conv_groups", "Conv", {"x": (1, 4, 6, 6), "w": rnd(6, 2, 3, 3)}, dict(group=2)),
     ("conv_asymmetric_pads", "Conv", {**X4, "w": rnd(2, 3, 3, 3)}, dict(pads=[0, 1, 2, 0])),
     ("conv_1xk", "Conv", {**X4, "w": rnd(2, 3, 1, 5)}, dict(pads=[0, 2, 0, 2])),
     ("conv_same_upper", "Conv", {**X4, "w": rnd(2, 3, 4, 4)}, dict(auto_pad="SAME_UPPER", strides=[2, 2])),
     ("conv_same_lower", "Conv", {**X4, "w": rnd(2, 3, 4, 4)}, dict(auto_pad="SAME_LOWER")),
     ("conv_valid", "Conv", {**X4, "w": rnd(2, 3, 3, 3)}, dict(auto_pad="VALID", strides=[2, 2])),
-    ("conv_transpose", "ConvTranspose", {"x": (2, 3, 3, 3), "w": rnd(3, 4, 4, 4), "b": rnd(4)}, dict(strides=[2, 2], pads=[1, 1, 1, 1])),
-    ("conv_transpose_output_padding", "ConvTranspose", {"x": (1, 3, 4, 4), "w": rnd(3, 2, 5, 5)},
-     dict(strides=[2, 2], pads=[2, 2, 2, 2], output_padding=[1, 1])),
-    ("conv_transpose_asymmetric", "ConvTranspose", {"x": (1, 2, 3, 4), "w": rnd(2, 3, 3, 2)}, dict(strides=[2, 3], pads=[0, 1, 1, 0])),
+    (
+        "conv_transpose",
+        "ConvTranspose",
+        {"x": (2, 3, 3, 3), "w": rnd(3, 4, 4, 4), "b": rnd(4)},
+        dict(strides=[2, 2], pads=[1, 1, 1, 1]),
+    ),
+    (
+        "conv_transpose_output_padding",
+        "ConvTranspose",
+        {"x": (1, 3, 4, 4), "w": rnd(3, 2, 5, 5)},
+        dict(strides=[2, 2], pads=[2, 2, 2, 2], output_padding=[1, 1]),
+    ),
+    (
+        "conv_transpose_asymmetric",
+        "ConvTranspose",
+        {"x": (1, 2, 3, 4), "w": rnd(2, 3, 3, 2)},
+        dict(strides=[2, 3], pads=[0, 1, 1, 0]),
+    ),
     ("matmul", "MatMul", {"a": (3, 4), "b": (4, 5)}, {}),
     ("matmul_batch", "MatMul", {"a": (2, 3, 4), "b": (2, 4, 5)}, {}),
     ("matmul_broadcast", "MatMul", {"a": (2, 1, 3, 4), "b": rnd(5, 4, 2)}, {}),
     ("matmul_vector_left", "MatMul", {"a": (4,), "b": (2, 4, 3)}, {}),
     ("matmul_vector_right", "MatMul", {"a": (3, 4), "b": (4,)}, {}),
     ("gemm", "Gemm", {"a": (4, 3), "b": rnd(5, 3), "c": rnd(5)}, dict(transB=1)),
-    ("gemm_alpha_beta", "Gemm", {"a": (3, 4), "b": (5, 3), "c": rnd(4, 1)}, dict(transA=1, transB=1, alpha=0.5, beta=2.0)),
+    (
+        "gemm_alpha_beta",
+        "Gemm",
+        {"a": (3, 4), "b": (5, 3), "c": rnd(4, 1)},
+        dict(transA=1, transB=1, alpha=0.5, beta=2.0),
+    ),
     ("gemm_scalar_c", "Gemm", {"a": (3, 4), "b": (4, 2), "c": np.float32(0.25)}, dict(beta=3.0)),
     ("gemm_no_c", "Gemm", {"a": (3, 4), "b": (4, 2)}, {}),
     ("add_broadcast", "Add", {"a": (2, 3, 4), "b": (3, 1)}, {}),
@@ -104,9 +129,18 @@ OP_CASES = [
     ("leaky_relu_steep", "LeakyRelu", {"x": (2, 5)}, dict(alpha=2.0)),
     ("sigmoid", "Sigmoid", {"x": (2, 5)}, {}),
     ("tanh", "Tanh", {"x": (2, 5)}, {}),
-    ("batch_norm", "BatchNormalization", {"x": (2, 3, 4, 4), "s": rnd(3), "bias": rnd(3), "mean": rnd(3), "var": np.abs(rnd(3, low=0.5))},
-     dict(epsilon=1e-3)),
-    ("batch_norm_2d", "BatchNormalization", {"x": (4, 5), "s": rnd(5), "bias": rnd(5), "mean": rnd(5), "var": np.abs(rnd(5, low=0.5))}, {}),
+    (
+        "batch_norm",
+        "BatchNormalization",
+        {"x": (2, 3, 4, 4), "s": rnd(3), "bias": rnd(3), "mean": rnd(3), "var": np.abs(rnd(3, low=0.5))},
+        dict(epsilon=1e-3),
+    ),
+    (
+        "batch_norm_2d",
+        "BatchNormalization",
+        {"x": (4, 5), "s": rnd(5), "bias": rnd(5), "mean": rnd(5), "var": np.abs(rnd(5, low=0.5))},
+        {},
+    ),
     ("reshape", "Reshape", {"x": (2, 3, 4), "shape": i64(0, -1)}, {}),
     ("reshape_split", "Reshape", {"x": (2, 12), "shape": i64(2, 3, 2, 2)}, {}),
     ("reshape_regroup", "Reshape", {"x": (6, 4), "shape": i64(4, 1, 6)}, {}),
@@ -117,8 +151,18 @@ OP_CASES = [
     ("transpose_default", "Transpose", {"x": (2, 3, 4)}, {}),
     ("concat", "Concat", {"a": (2, 1, 3), "b": (2, 4, 3), "c": (2, 2, 3)}, dict(axis=1)),
     ("concat_last", "Concat", {"a": (2, 3), "b": rnd(2, 2)}, dict(axis=-1)),
-    ("slice", "Slice", {"x": (4, 5, 6), "starts": i64(1, -5), "ends": i64(3, 100), "axes": i64(0, 2), "steps": i64(1, 2)}, {}),
-    ("slice_reverse", "Slice", {"x": (4, 5), "starts": i64(-1), "ends": i64(-100), "axes": i64(1), "steps": i64(-2)}, {}),
+    (
+        "slice",
+        "Slice",
+        {"x": (4, 5, 6), "starts": i64(1, -5), "ends": i64(3, 100), "axes": i64(0, 2), "steps": i64(1, 2)},
+        {},
+    ),
+    (
+        "slice_reverse",
+        "Slice",
+        {"x": (4, 5), "starts": i64(-1), "ends": i64(-100), "axes": i64(1), "steps": i64(-2)},
+        {},
+    ),
     ("pad", "Pad", {**X4, "pads": i64(0, 0, 1, 2, 0, 0, 2, 1)}, {}),
     ("pad_value_crop", "Pad", {"x": (3, 4), "pads": i64(1, -1, 2, 1), "value": np.float32(1.5)}, {}),
     ("pad_axes", "Pad", {**X4, "pads": i64(2, 1, 0, 3), "value": np.float32(-0.5), "axes": i64(-1, 1)}, {}, 18),
@@ -151,8 +195,10 @@ def test_op_matches_onnxruntime(case):
     check(one_node(op, operands, *opset, **attributes))
 
 
-@pytest.mark.parametrize("attribute, value", [("value", numpy_helper.from_array(rnd(2, 3), "c")),
-                                              ("value_float", 2.5), ("value_floats", [1.0, -2.0, 3.0])])
+@pytest.mark.parametrize(
+    "attribute, value",
+    [("value", numpy_helper.from_array(rnd(2, 3), "c")), ("value_float", 2.5), ("value_floats", [1.0, -2.0, 3.0])],
+)
 def test_constant_nodes_are_weights(attribute, value):
     nodes = [helper.make_node("Constant", [], ["c"], **{attribute: value}), helper.make_node("Mul", ["x", "c"], ["y"])]
     imported = check(graph_model(nodes, {"x": (2, 3)}))
@@ -233,7 +279,9 @@ def test_batch_norm_folds_into_the_convolution(op, bias):
     scale = c["s"] / np.sqrt(c["var"] + 1e-3)
     axis = (1, -1, 1, 1) if op == "ConvTranspose" else (-1, 1, 1, 1)
     np.testing.assert_allclose(imported.weights["y_folded_weight"], c["w"] * scale.reshape(axis), rtol=1e-6)
-    np.testing.assert_allclose(imported.weights["y_folded_bias"], (c.get("b", 0) - c["mean"]) * scale + c["beta"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        imported.weights["y_folded_bias"], (c.get("b", 0) - c["mean"]) * scale + c["beta"], rtol=1e-5, atol=1e-6
+    )
 
 
 def test_batch_norm_is_not_folded_when_the_convolution_is_read_elsewhere():
@@ -267,18 +315,41 @@ def test_unsupported_ops_are_listed_together_before_anything_else():
 
 W = rnd(3, 2, 2, 2)
 UNSUPPORTED_VALUES = [
-    (one_node("MaxPool", X4, kernel_shape=[2, 2], ceil_mode=1), "MaxPool node 'node': attribute ceil_mode=1 is not supported"),
-    (one_node("Pad", {**X4, "pads": i64(0, 0, 1, 1, 0, 0, 1, 1)}, mode="reflect"), "Pad node 'node': attribute mode='reflect' is not supported"),
-    (one_node("ConvTranspose", {**X4, "w": W}, output_shape=[8, 8]), "ConvTranspose node 'node': attribute 'output_shape' is not supported"),
-    (one_node("ConvTranspose", {**X4, "w": W}, auto_pad="SAME_UPPER"), "ConvTranspose node 'node': attribute auto_pad='SAME_UPPER' is not supported"),
-    (one_node("ConvTranspose", {**X4, "w": W}, dilations=[2, 2]), "ConvTranspose node 'node': attribute dilations=(2, 2) is not supported"),
+    (
+        one_node("MaxPool", X4, kernel_shape=[2, 2], ceil_mode=1),
+        "MaxPool node 'node': attribute ceil_mode=1 is not supported",
+    ),
+    (
+        one_node("Pad", {**X4, "pads": i64(0, 0, 1, 1, 0, 0, 1, 1)}, mode="reflect"),
+        "Pad node 'node': attribute mode='reflect' is not supported",
+    ),
+    (
+        one_node("ConvTranspose", {**X4, "w": W}, output_shape=[8, 8]),
+        "ConvTranspose node 'node': attribute 'output_shape' is not supported",
+    ),
+    (
+        one_node("ConvTranspose", {**X4, "w": W}, auto_pad="SAME_UPPER"),
+        "ConvTranspose node 'node': attribute auto_pad='SAME_UPPER' is not supported",
+    ),
+    (
+        one_node("ConvTranspose", {**X4, "w": W}, dilations=[2, 2]),
+        "ConvTranspose node 'node': attribute dilations=(2, 2) is not supported",
+    ),
     (one_node("Softmax", {"x": (2, 3, 4)}, 11, axis=1), "Softmax node 'node': before opset 13"),
-    (one_node("Slice", {"x": (4, 5), "starts": (1,), "ends": i64(3)}), "Slice node 'node': input 1 (starts, 'starts') must be a constant"),
-    (one_node("Conv", {"x": (2, 3, 4, 5, 6), "w": rnd(2, 3, 1, 1, 1)}), "Conv node 'node': only 2-D (rank-4 NCHW) inputs are supported"),
+    (
+        one_node("Slice", {"x": (4, 5), "starts": (1,), "ends": i64(3)}),
+        "Slice node 'node': input 1 (starts, 'starts') must be a constant",
+    ),
+    (
+        one_node("Conv", {"x": (2, 3, 4, 5, 6), "w": rnd(2, 3, 1, 1, 1)}),
+        "Conv node 'node': only 2-D (rank-4 NCHW) inputs are supported",
+    ),
 ]
 
 
-@pytest.mark.parametrize("model, expected", UNSUPPORTED_VALUES, ids=[e.split(": ")[1][:40] for _, e in UNSUPPORTED_VALUES])
+@pytest.mark.parametrize(
+    "model, expected", UNSUPPORTED_VALUES, ids=[e.split(": ")[1][:40] for _, e in UNSUPPORTED_VALUES]
+)
 def test_unsupported_attribute_values_name_the_node_and_attribute(model, expected):
     with pytest.raises(OnnxImportError) as info:
         load_onnx(model)
@@ -303,7 +374,9 @@ def test_corrupt_and_missing_files_are_named(tmp_path):
 
 def test_dynamic_dimensions_name_the_tensor_unless_fixed():
     model = one_node("Relu", {"tokens": ("batch", 4)})
-    with pytest.raises(OnnxImportError, match=r"graph input 'tokens' has dynamic dimension\(s\) at axis \[0\] \(shape \(batch, 4\)\)"):
+    with pytest.raises(
+        OnnxImportError, match=r"graph input 'tokens' has dynamic dimension\(s\) at axis \[0\] \(shape \(batch, 4\)\)"
+    ):
         load_onnx(model)
     imported = load_onnx(model, input_shapes={"tokens": (3, 4)})
     assert imported.inputs == {"tokens": (3, 4)} and imported.program.definitions[0][1].shape == (3, 4)
@@ -312,7 +385,10 @@ def test_dynamic_dimensions_name_the_tensor_unless_fixed():
 
 
 def test_names_that_are_not_identifiers_are_sanitised():
-    nodes = [helper.make_node("Relu", ["input.1"], ["/layer1/relu_output_0"]), helper.make_node("Tanh", ["/layer1/relu_output_0"], ["exp"])]
+    nodes = [
+        helper.make_node("Relu", ["input.1"], ["/layer1/relu_output_0"]),
+        helper.make_node("Tanh", ["/layer1/relu_output_0"], ["exp"]),
+    ]
     imported = check(graph_model(nodes, {"input.1": (2, 3)}, outputs=("exp",)))
     assert imported.names == {"input.1": "input_1", "/layer1/relu_output_0": "layer1_relu_output_0", "exp": "exp_"}
     assert imported.program.outputs == ("exp_",)

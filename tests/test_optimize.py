@@ -69,7 +69,14 @@ def test_ctrl_c_keeps_what_was_derived_and_runs_the_rest_as_written(tmp_path, mo
     np.testing.assert_allclose(optimized(X=x), evaluate(program, {"X": x, **weights}), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["srcnn", "gcn", *(pytest.param(n, marks=pytest.mark.slow) for n in ("infogan", "dcgan", "resnet18", "csrnet", "longformer"))])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "srcnn",
+        "gcn",
+        *(pytest.param(n, marks=pytest.mark.slow) for n in ("infogan", "dcgan", "resnet18", "csrnet", "longformer")),
+    ],
+)
 def test_every_zoo_model_optimizes_saves_and_runs_in_a_new_process(name, tmp_path):
     """Issue acceptance, small sizes: each zoo model optimized end to end (search depth 1), saved,
     then loaded and run by ``rewriter run`` in a fresh process, matching onnxruntime. The five
@@ -80,15 +87,36 @@ def test_every_zoo_model_optimizes_saves_and_runs_in_a_new_process(name, tmp_pat
 
     env = dict(os.environ, REWRITER_CACHE=str(tmp_path / "cache"))
     out = tmp_path / name
-    optimize = [sys.executable, "-m", "rewriter.cli", "optimize", name, "--small", "--max-depth", "1",
-                "--subprogram-time-limit", "5", "--out", str(out)]
+    optimize = [
+        sys.executable,
+        "-m",
+        "rewriter.cli",
+        "optimize",
+        name,
+        "--small",
+        "--max-depth",
+        "1",
+        "--subprogram-time-limit",
+        "5",
+        "--out",
+        str(out),
+    ]
     subprocess.run(optimize, check=True, env=env, capture_output=True)
     model = load_onnx(zoo.build(name, small=True))
-    (input_name, shape), = model.inputs.items()
+    ((input_name, shape),) = model.inputs.items()
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    run = [sys.executable, "-m", "rewriter.cli", "run", str(out), "--input", f"{input_name}={tmp_path / 'x.npy'}",
-           "--out", str(tmp_path / "y.npy")]
+    run = [
+        sys.executable,
+        "-m",
+        "rewriter.cli",
+        "run",
+        str(out),
+        "--input",
+        f"{input_name}={tmp_path / 'x.npy'}",
+        "--out",
+        str(tmp_path / "y.npy"),
+    ]
     subprocess.run(run, check=True, env=env, capture_output=True)
     want = model.original({input_name: x})[model.outputs[0]]
     scale = max(1.0, float(np.abs(want).max()))

@@ -278,7 +278,10 @@ def test_program_round_trip(program):
 # 2. nested scopes are tensors
 
 
-@given(expressions(require_nested=True, nesting_probability=0.4).flatmap(lambda e: st.tuples(st.just(e), inputs_for(e))), st.booleans())
+@given(
+    expressions(require_nested=True, nesting_probability=0.4).flatmap(lambda e: st.tuples(st.just(e), inputs_for(e))),
+    st.booleans(),
+)
 def test_nested_scope_is_its_tensor(expr_inputs, deep):
     expr, inputs = expr_inputs
     flat, flat_inputs = inline_nested(expr, inputs, deep)
@@ -311,7 +314,15 @@ def test_summing_every_iterator_gives_the_total(expr_inputs):
     assert_close(value, brute_force(total, inputs))
 
 
-@given(expressions_with_inputs(functions=ALL_FUNCTIONS, max_probability=0.5, division_probability=0.3, binary_max_probability=0.2, div_probability=0.4))
+@given(
+    expressions_with_inputs(
+        functions=ALL_FUNCTIONS,
+        max_probability=0.5,
+        division_probability=0.3,
+        binary_max_probability=0.2,
+        div_probability=0.4,
+    )
+)
 def test_evaluate_matches_brute_force_nonlinear(expr_inputs):
     expr, inputs = expr_inputs
     assert_close(evaluate(expr, inputs), brute_force(expr, inputs))

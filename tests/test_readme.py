@@ -24,6 +24,8 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert marked, "README.md must mark its test command with <!-- ci:test --> ... <!-- /ci:test -->"
     script = (ROOT / ".ci" / "run").read_text()
     extract = re.search(r"^cmd=\$\((.*)\)$", script, flags=re.M).group(1)
-    extracted = subprocess.run(["bash", "-c", extract], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    extracted = subprocess.run(
+        ["bash", "-c", extract], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert extracted == marked.group(1).strip()
     assert 'eval "$cmd"' in script

@@ -123,7 +123,9 @@ def test_a_bijection_that_is_not_one_is_refused():
         # z = i + j is not injective on the box: (1, 0) and (0, 1) collide
         substitute_traversal(e, (z,), {"z": Var("i") + Var("j")}, {"i": Var("z") // 3, "j": Var("z") % 3})
     with pytest.raises(RuleError, match="outside the new box"):
-        substitute_traversal(e, (Iterator("z", 0, 6),), {"z": 3 * Var("i") + Var("j")}, {"i": Var("z") // 3, "j": Var("z") % 3})
+        substitute_traversal(
+            e, (Iterator("z", 0, 6),), {"z": 3 * Var("i") + Var("j")}, {"i": Var("z") // 3, "j": Var("z") % 3}
+        )
 
 
 def test_a_rule_that_changes_the_output_box_is_refused_at_application():
@@ -252,8 +254,11 @@ def test_summation_boundary_tightening_sums_a_transposed_convolution_over_its_ta
 def test_summation_boundary_tightening_sums_an_offset_add_over_the_tiles_that_meet_each_point():
     """After a ConvTranspose's channel sum becomes a Matmul (a nested scope, non-zero on 4 kernel
     rows), the OffsetAdd still sums over all 8 input rows; 2 of them meet each output row."""
-    e = parse("L n:2, f:3, h:16, w:16 ; S x:8, y:8 ; { L x:8, y:8, n:2, f:3, t:-1..3, t1:-1..3 ; S c:4 ; "
-              "A[n, c, x, y] * K[c, f, t+1, t1+1] }[x, y, n, f, h-2*x+1, w-2*y+1]", {"A": (2, 4, 8, 8), "K": (4, 3, 4, 4)})
+    e = parse(
+        "L n:2, f:3, h:16, w:16 ; S x:8, y:8 ; { L x:8, y:8, n:2, f:3, t:-1..3, t1:-1..3 ; S c:4 ; "
+        "A[n, c, x, y] * K[c, f, t+1, t1+1] }[x, y, n, f, h-2*x+1, w-2*y+1]",
+        {"A": (2, 4, 8, 8), "K": (4, 3, 4, 4)},
+    )
     rule_ = RULES["summation boundary tightening"]
     assert assert_sound(rule_, e) == 3
     both = list(rule_.apply(e))[-1]
@@ -262,7 +267,9 @@ def test_summation_boundary_tightening_sums_an_offset_add_over_the_tiles_that_me
 
 def _unfold(n: int, start: int = 0) -> str:
     """A Slice + Concat unfold as the ONNX front-end writes it: term j reads slice j of P."""
-    return " + ".join(f"P[i0, i1+{2 * j}, i2-{j - start}, i3]" for j in range(n)).replace("-0,", ",").replace("+0,", ",")
+    return (
+        " + ".join(f"P[i0, i1+{2 * j}, i2-{j - start}, i3]" for j in range(n)).replace("-0,", ",").replace("+0,", ",")
+    )
 
 
 def test_concatenation_of_shifted_slices_merges_into_one_affine_read():

@@ -102,7 +102,9 @@ def test_states_are_sound_and_distinct():
     expected = evaluate(e, inputs)
     assert len({s.fingerprint for s in exploration.states}) == len(exploration.states)
     for state in exploration.states:
-        np.testing.assert_allclose(evaluate(state.expr, inputs), expected, rtol=1e-9, atol=1e-9, err_msg=str(state.expr))
+        np.testing.assert_allclose(
+            evaluate(state.expr, inputs), expected, rtol=1e-9, atol=1e-9, err_msg=str(state.expr)
+        )
 
 
 @settings(max_examples=25)
@@ -135,7 +137,10 @@ def test_stats_count_rules_and_hits():
 
 
 def test_positions_and_replacement_round_trip():
-    e = parse("L c:4, r:4 ; S k:4 ; { L c2:4, k2:4 ; S k1:4 ; A[c2, k1] * B[k1, k2] }[c, k] * C[k, r]", {"A": (4, 4), "B": (4, 4), "C": (4, 4)})
+    e = parse(
+        "L c:4, r:4 ; S k:4 ; { L c2:4, k2:4 ; S k1:4 ; A[c2, k1] * B[k1, k2] }[c, k] * C[k, r]",
+        {"A": (4, 4), "B": (4, 4), "C": (4, 4)},
+    )
     positions = dict(scopes_at(e))
     assert set(positions) == {(), (0,)}
     assert replace_at(e, (0,), positions[(0,)]) == e

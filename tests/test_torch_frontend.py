@@ -95,13 +95,23 @@ def mlp():
 
 def generator():
     """A DCGAN generator layer: transposed convolution, batch norm, ReLU, then tanh."""
-    return nn.Sequential(nn.ConvTranspose2d(6, 4, 4, 2, 1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
-                         nn.ConvTranspose2d(4, 3, 3, 1, 1), nn.Tanh())
+    return nn.Sequential(
+        nn.ConvTranspose2d(6, 4, 4, 2, 1, bias=False),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.ConvTranspose2d(4, 3, 3, 1, 1),
+        nn.Tanh(),
+    )
 
 
 def pooling(s, x):
-    return (F.max_pool2d(x, 3, 2, 1), F.avg_pool2d(x, 2), F.avg_pool2d(x, 3, 2, 1, count_include_pad=False),
-            F.adaptive_avg_pool2d(x, 1).flatten(1), F.adaptive_avg_pool2d(x, 2))
+    return (
+        F.max_pool2d(x, 3, 2, 1),
+        F.avg_pool2d(x, 2),
+        F.avg_pool2d(x, 3, 2, 1, count_include_pad=False),
+        F.adaptive_avg_pool2d(x, 1).flatten(1),
+        F.adaptive_avg_pool2d(x, 2),
+    )
 
 
 def cat_slice_pad(s, x):
@@ -115,12 +125,24 @@ def layout(s, x):
 
 
 def elementwise(s, x, y):
-    return (1 - x * 2 / y + 0.5, torch.sigmoid(x) - F.leaky_relu(y, 0.2), F.relu6(3 * x), torch.sub(x, y, alpha=2),
-            1 / y + torch.exp(-x) * torch.tensor(2.0), torch.sqrt(y) + x.detach())
+    return (
+        1 - x * 2 / y + 0.5,
+        torch.sigmoid(x) - F.leaky_relu(y, 0.2),
+        F.relu6(3 * x),
+        torch.sub(x, y, alpha=2),
+        1 / y + torch.exp(-x) * torch.tensor(2.0),
+        torch.sqrt(y) + x.detach(),
+    )
 
 
 def matmuls(s, a, b):
-    return a @ b, torch.bmm(a, b), a[0] @ b[1], a @ torch.ones(4, 2), torch.addmm(b[0, 0], a[0], b[0], beta=0.5, alpha=2.0)
+    return (
+        a @ b,
+        torch.bmm(a, b),
+        a[0] @ b[1],
+        a @ torch.ones(4, 2),
+        torch.addmm(b[0, 0], a[0], b[0], beta=0.5, alpha=2.0),
+    )
 
 
 def batch_norm_read_twice(s, x):
@@ -188,7 +210,9 @@ def test_unsupported_ops_are_listed_together_before_anything_else():
 def test_handler_errors_name_the_node():
     with pytest.raises(TorchImportError, match=r"aten.convolution.default node 'convolution': only 2-D convolutions"):
         from_torch(nn.Conv1d(3, 2, 3), (torch.randn(1, 3, 8),))
-    with pytest.raises(TorchImportError, match=r"node 'max_pool2d_with_indices': attribute ceil_mode=1 is not supported"):
+    with pytest.raises(
+        TorchImportError, match=r"node 'max_pool2d_with_indices': attribute ceil_mode=1 is not supported"
+    ):
         from_torch(nn.MaxPool2d(2, ceil_mode=True), (X,))
 
 
@@ -209,7 +233,11 @@ def compiled_runs(monkeypatch):
     """Count the backend's program runs: a test that passes through the fallback would not."""
     runs = []
     original = torch_frontend._run_program
-    monkeypatch.setattr(torch_frontend, "_run_program", lambda program, model, inputs: runs.append(model) or original(program, model, inputs))
+    monkeypatch.setattr(
+        torch_frontend,
+        "_run_program",
+        lambda program, model, inputs: runs.append(model) or original(program, model, inputs),
+    )
     return runs
 
 

@@ -46,7 +46,9 @@ class _SerialisedGraph:
                 self.members[node["eclass"]].append(key)
         self.class_of_handle = refs
         self.size = self._sizes()
-        self.smallest = {e: min(ms, key=lambda m: sum(self.size[c] for c in self.children[m])) for e, ms in self.members.items()}
+        self.smallest = {
+            e: min(ms, key=lambda m: sum(self.size[c] for c in self.children[m])) for e, ms in self.members.items()
+        }
 
     def _sizes(self) -> dict[str, float]:
         """Nodes in each class's smallest member term (a fixpoint: classes may be cyclic)."""
@@ -100,8 +102,13 @@ class _Reader(_TermReader):
         return Scope(self.iter_list(traversal), self.iter_list(summation), self.scalar(body), self.lit(reduce))
 
 
-def extract(graph: ExpressionGraph, root: Scope, cost: Callable[[Scope, frozenset], float], weights: Iterable[str] = (),
-            deadline: float | None = None) -> tuple[Scope, float] | None:
+def extract(
+    graph: ExpressionGraph,
+    root: Scope,
+    cost: Callable[[Scope, frozenset], float],
+    weights: Iterable[str] = (),
+    deadline: float | None = None,
+) -> tuple[Scope, float] | None:
     """The cheapest scope equivalent to ``root`` in ``graph``, with its cost; None when the
     deadline (a ``time.perf_counter()`` value) came before the root's e-class was costed.
 
@@ -123,7 +130,10 @@ def extract(graph: ExpressionGraph, root: Scope, cost: Callable[[Scope, frozense
                     return None
                 members.append((eclass, node, reader.own(node)))
     by_name = {tensor.name: eclass for eclass, (tensor, _) in reader.placeholders.items()}
-    reads = {node: (set(tensor_shapes(own)) - set(by_name), [by_name[n] for n in tensor_shapes(own) if n in by_name]) for _, node, own in members}
+    reads = {
+        node: (set(tensor_shapes(own)) - set(by_name), [by_name[n] for n in tensor_shapes(own) if n in by_name])
+        for _, node, own in members
+    }
     best: dict[str, tuple[float, str, frozenset]] = {}  # e-class -> (cost, node, the inputs it reads)
     costs: dict[tuple, float] = {}
     changed = True
@@ -149,7 +159,9 @@ def extract(graph: ExpressionGraph, root: Scope, cost: Callable[[Scope, frozense
     return result
 
 
-def _result(reader: _Reader, serialised: _SerialisedGraph, members, best: dict, root_class: str) -> tuple[Scope, float] | None:
+def _result(
+    reader: _Reader, serialised: _SerialisedGraph, members, best: dict, root_class: str
+) -> tuple[Scope, float] | None:
     """The root's best member with the best member of each nested e-class put back in place."""
     if root_class not in best:
         return None
@@ -163,7 +175,11 @@ def _result(reader: _Reader, serialised: _SerialisedGraph, members, best: dict, 
             for nested, (tensor, lows) in reader.placeholders.items():
                 if tensor.name in tensor_shapes(scope):
                     inner = build(nested)
-                    body = replace_reads(body, tensor.name, lambda ix, inner=inner, lows=lows: inner[tuple(i + lo if lo else i for i, lo in zip(ix, lows))])
+                    body = replace_reads(
+                        body,
+                        tensor.name,
+                        lambda ix, inner=inner, lows=lows: inner[tuple(i + lo if lo else i for i, lo in zip(ix, lows))],
+                    )
             built[eclass] = Scope(scope.traversal, scope.summation, body, scope.reduce)
         return built[eclass]
 

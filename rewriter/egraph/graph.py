@@ -210,7 +210,9 @@ class ScopeTerm(Expr, egg_sort="Scope"):
 
     @method(egg_fn="MkScope")
     @classmethod
-    def make(cls, traversal: IterListTerm, summation: IterListTerm, body: ScalarTerm, reduce: StringLike) -> ScopeTerm: ...
+    def make(
+        cls, traversal: IterListTerm, summation: IterListTerm, body: ScalarTerm, reduce: StringLike
+    ) -> ScopeTerm: ...
 
     @method(egg_fn="Ref", unextractable=True)
     @classmethod
@@ -244,8 +246,28 @@ CONSTRUCTORS: tuple[Callable[..., Any], ...] = (
 )
 # The egglog names of the constructors above (what ``size`` counts).
 CONSTRUCTOR_NAMES = frozenset(
-    {"IVar", "ILit", "IAdd", "ISub", "IMul", "IDiv", "IMod", "INeg", "IxNil", "IxCons", "It", "ItNil", "ItCons",
-     "Input", "Nested", "Num", "Access", "Unary", "Binary", "MkScope"}
+    {
+        "IVar",
+        "ILit",
+        "IAdd",
+        "ISub",
+        "IMul",
+        "IDiv",
+        "IMod",
+        "INeg",
+        "IxNil",
+        "IxCons",
+        "It",
+        "ItNil",
+        "ItCons",
+        "Input",
+        "Nested",
+        "Num",
+        "Access",
+        "Unary",
+        "Binary",
+        "MkScope",
+    }
 )
 
 # --------------------------------------------------------------------------------------------
@@ -404,7 +426,7 @@ class _SexprReader:
             pos = match.end()
             self.tokens.append(match.group(match.lastindex))  # type: ignore[arg-type]
         if text[pos:].strip():
-            raise ExpressionError(f"egglog text: unexpected character at offset {pos}: {text[pos:pos + 20]!r}")
+            raise ExpressionError(f"egglog text: unexpected character at offset {pos}: {text[pos : pos + 20]!r}")
         self.pos = 0
 
     def next(self) -> str:
@@ -530,7 +552,9 @@ def from_egglog(text: str) -> Scope:
     reader = _SexprReader(text)
     scope = reader.scope()
     if reader.pos != len(reader.tokens):
-        raise ExpressionError(f"egglog text: trailing tokens after the scope: {' '.join(reader.tokens[reader.pos:reader.pos + 5])}")
+        raise ExpressionError(
+            f"egglog text: trailing tokens after the scope: {' '.join(reader.tokens[reader.pos : reader.pos + 5])}"
+        )
     return scope
 
 
@@ -649,7 +673,9 @@ def _index_term(ix: Index) -> IndexTerm:
         case IndexNeg(arg):
             return IndexTerm.neg(_index_term(arg))
         case IndexOp(op, lhs, rhs):
-            ctor = {"+": IndexTerm.add, "-": IndexTerm.sub, "*": IndexTerm.mul, "/": IndexTerm.div, "%": IndexTerm.mod}[op]
+            ctor = {"+": IndexTerm.add, "-": IndexTerm.sub, "*": IndexTerm.mul, "/": IndexTerm.div, "%": IndexTerm.mod}[
+                op
+            ]
             return ctor(_index_term(lhs), _index_term(rhs))
     raise ExpressionError(f"{ix!r} is not an index expression")
 
@@ -684,7 +710,9 @@ def _iter_list_term(iters: tuple[Iterator, ...]) -> IterListTerm:
 
 def to_term(scope: Scope) -> ScopeTerm:
     """The egglog-python expression of a scope (for rules, ``check`` and cost models)."""
-    return ScopeTerm.make(_iter_list_term(scope.traversal), _iter_list_term(scope.summation), _scalar_term(scope.body), scope.reduce)
+    return ScopeTerm.make(
+        _iter_list_term(scope.traversal), _iter_list_term(scope.summation), _scalar_term(scope.body), scope.reduce
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -847,7 +875,9 @@ class ExpressionGraph:
         try:
             self._raw.run_program(*self._raw.parse_program(text))
         except bindings.EggSmolError as err:
-            raise ExpressionError(f"egglog refused a batch of {len(batch)} command(s): {err}\nfirst: {batch[0][:300]}") from err
+            raise ExpressionError(
+                f"egglog refused a batch of {len(batch)} command(s): {err}\nfirst: {batch[0][:300]}"
+            ) from err
         finally:
             self.stats.insert_seconds += time.perf_counter() - start
             self.stats.commands_sent += len(batch)
@@ -978,7 +1008,10 @@ class ExpressionGraph:
                     return node("Num", [lit(bindings.Float, value)])
                 case Access(source, indices):
                     if isinstance(source, Tensor):
-                        tensor = node("Input", [lit(bindings.String, source.name), lit(bindings.String, "x".join(map(str, source.shape)))])
+                        tensor = node(
+                            "Input",
+                            [lit(bindings.String, source.name), lit(bindings.String, "x".join(map(str, source.shape)))],
+                        )
                     else:
                         tensor = node("Nested", [scope_value(source)])
                     ixs = node("IxNil", [])
@@ -995,7 +1028,9 @@ class ExpressionGraph:
             handle = self._handles.get(sc)
             if handle is not None and sc is not scope:
                 return self.eclass(handle)  # type: ignore[return-value]
-            return node("MkScope", [iters(sc.traversal), iters(sc.summation), scalar(sc.body), lit(bindings.String, sc.reduce)])
+            return node(
+                "MkScope", [iters(sc.traversal), iters(sc.summation), scalar(sc.body), lit(bindings.String, sc.reduce)]
+            )
 
         try:
             return scope_value(scope)

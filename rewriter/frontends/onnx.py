@@ -174,7 +174,9 @@ def _label(node, position: int) -> str:
 
 def _check_ops(graph, where: str) -> None:
     """One error listing every unsupported operator with its node, before any other work."""
-    unsupported = [(_op_key(node), _label(node, k)) for k, node in enumerate(graph.node) if _op_key(node) not in SUPPORTED_OPS]
+    unsupported = [
+        (_op_key(node), _label(node, k)) for k, node in enumerate(graph.node) if _op_key(node) not in SUPPORTED_OPS
+    ]
     if unsupported:
         kinds = sorted({op for op, _ in unsupported})
         raise OnnxImportError(
@@ -191,8 +193,14 @@ def _check_node_attributes(graph, where: str) -> None:
     problems = []
     for k, node in enumerate(graph.node):
         known = SUPPORTED_OPS[_op_key(node)].attributes
-        problems += [f"{_label(node, k)}: attribute {a.name!r} is not supported" for a in node.attribute if a.name not in known]
-        problems += [f"{_label(node, k)}: output #{i} ({name!r}) is not supported" for i, name in enumerate(node.output) if i and name]
+        problems += [
+            f"{_label(node, k)}: attribute {a.name!r} is not supported" for a in node.attribute if a.name not in known
+        ]
+        problems += [
+            f"{_label(node, k)}: output #{i} ({name!r}) is not supported"
+            for i, name in enumerate(node.output)
+            if i and name
+        ]
         if node.op_type == "Constant" and len(node.attribute) != 1:
             problems.append(f"{_label(node, k)}: a Constant needs exactly one value attribute")
     if problems:
@@ -209,7 +217,9 @@ def _constants(onnx, graph) -> dict[str, np.ndarray]:
             if attribute.name == "value":
                 constants[node.output[0]] = onnx.numpy_helper.to_array(value)
             else:
-                constants[node.output[0]] = np.asarray(value, np.float32 if attribute.name.startswith("value_float") else np.int64)
+                constants[node.output[0]] = np.asarray(
+                    value, np.float32 if attribute.name.startswith("value_float") else np.int64
+                )
     return constants
 
 
@@ -233,14 +243,18 @@ def _input_shapes(onnx, graph, constants, overrides) -> dict[str, tuple[int, ...
         given = overrides.get(value.name)
         if not tensor_type.HasField("shape"):
             if given is None:
-                raise OnnxImportError(f"graph input {value.name!r} has no shape; pass input_shapes={{{value.name!r}: (...)}}")
+                raise OnnxImportError(
+                    f"graph input {value.name!r} has no shape; pass input_shapes={{{value.name!r}: (...)}}"
+                )
             dims = [None] * len(given)
         else:
             dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
         if given is not None:
             given = tuple(int(d) for d in given)
             if len(given) != len(dims) or any(d is not None and d != g for d, g in zip(dims, given)):
-                raise OnnxImportError(f"input_shapes gives {value.name!r} the shape {given}, the model says {_describe(tensor_type)}")
+                raise OnnxImportError(
+                    f"input_shapes gives {value.name!r} the shape {given}, the model says {_describe(tensor_type)}"
+                )
             dims = list(given)
         dynamic = [axis for axis, d in enumerate(dims) if d is None or d <= 0]
         if dynamic:
@@ -253,7 +267,13 @@ def _input_shapes(onnx, graph, constants, overrides) -> dict[str, tuple[int, ...
 
 
 def _describe(tensor_type) -> str:
-    return "(" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor_type.shape.dim) + ")"
+    return (
+        "("
+        + ", ".join(
+            str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor_type.shape.dim
+        )
+        + ")"
+    )
 
 
 def _inferred_shapes(onnx, model, inputs, where: str) -> dict[str, tuple[int, ...]]:
@@ -310,7 +330,11 @@ def _fold_batch_norms(onnx, graph, constants) -> list[tuple[int, object]]:
 def _foldable(conv, bn, constants, readers) -> bool:
     if conv.op_type not in ("Conv", "ConvTranspose") or readers.get(conv.output[0]) != 1 or not _batch_norm_mode_ok(bn):
         return False
-    if len(conv.input) < 2 or len(bn.input) != 5 or not all(name in constants for name in [*conv.input[1:], *bn.input[1:]] if name):
+    if (
+        len(conv.input) < 2
+        or len(bn.input) != 5
+        or not all(name in constants for name in [*conv.input[1:], *bn.input[1:]] if name)
+    ):
         return False
     group = next((a.i for a in conv.attribute if a.name == "group"), 1)
     weight = constants[conv.input[1]]
@@ -320,7 +344,9 @@ def _foldable(conv, bn, constants, readers) -> bool:
 
 def _batch_norm_mode_ok(bn) -> bool:
     attrs = {a.name: a for a in bn.attribute}
-    return ("training_mode" not in attrs or attrs["training_mode"].i == 0) and ("spatial" not in attrs or attrs["spatial"].i == 1)
+    return ("training_mode" not in attrs or attrs["training_mode"].i == 0) and (
+        "spatial" not in attrs or attrs["spatial"].i == 1
+    )
 
 
 def _batch_norm_affine(bn, constants) -> tuple[np.ndarray, np.ndarray]:
@@ -339,8 +365,10 @@ def _folded(onnx, conv, bn, constants, taken: set[str]):
     shape[axis] = -1
     bias = constants[conv.input[2]].astype(np.float64) if len(conv.input) > 2 and conv.input[2] else 0.0
     out = bn.output[0]
-    names = {_fresh(f"{out}_folded_weight", taken): (weight * scale.reshape(shape)).astype(weight.dtype),
-             _fresh(f"{out}_folded_bias", taken): (bias * scale + shift).astype(weight.dtype)}
+    names = {
+        _fresh(f"{out}_folded_weight", taken): (weight * scale.reshape(shape)).astype(weight.dtype),
+        _fresh(f"{out}_folded_bias", taken): (bias * scale + shift).astype(weight.dtype),
+    }
     constants.update(names)
     taken.update(names)
     folded = onnx.NodeProto()
@@ -428,7 +456,9 @@ class _Build:
         out = node.proto.output[0]
         expected = self.inferred.get(out)
         if expected is not None and expected != scope.shape:
-            raise OnnxImportError(f"{node.label}: the front-end computes shape {scope.shape} for {out!r}, ONNX shape inference {expected}")
+            raise OnnxImportError(
+                f"{node.label}: the front-end computes shape {scope.shape} for {out!r}, ONNX shape inference {expected}"
+            )
         self.shapes[out] = scope.shape
         self.definitions.append((self.names(out), scope))
 
@@ -552,7 +582,7 @@ def _pads(node: _Node, sizes, kernel, strides, dilations) -> list[tuple[int, int
     auto = node.attr("auto_pad", "NOTSET")
     if auto == "NOTSET":
         pads = node.ints("pads", default=(0,) * (2 * len(sizes)))
-        return list(zip(pads[: len(sizes)], pads[len(sizes):]))
+        return list(zip(pads[: len(sizes)], pads[len(sizes) :]))
     if auto == "VALID":
         return [(0, 0)] * len(sizes)
     if auto not in ("SAME_UPPER", "SAME_LOWER"):
@@ -571,7 +601,9 @@ def _window(node: _Node, x: Tensor, kernel):
     strides = node.ints("strides", default=(1, 1))
     dilations = node.ints("dilations", default=(1, 1))
     pads = _pads(node, sizes, kernel, strides, dilations)
-    out = tuple((n + b + e - (k - 1) * d - 1) // s + 1 for n, k, s, d, (b, e) in zip(sizes, kernel, strides, dilations, pads))
+    out = tuple(
+        (n + b + e - (k - 1) * d - 1) // s + 1 for n, k, s, d, (b, e) in zip(sizes, kernel, strides, dilations, pads)
+    )
     if min(out) < 1:
         raise node.error(f"the window does not fit: input {sizes}, kernel {tuple(kernel)}, pads {pads}")
     return strides, dilations, pads, out
@@ -597,7 +629,9 @@ def _conv(node: _Node) -> Scope:
     x, w = node.tensor(0), node.tensor(1)
     kernel = _kernel(node, w.shape)
     strides, dilations, pads, out = _window(node, x, kernel)
-    scope = conv2d(x, w, stride=strides, padding=(pads[0][0], pads[1][0]), dilation=dilations, groups=node.attr("group", 1))
+    scope = conv2d(
+        x, w, stride=strides, padding=(pads[0][0], pads[1][0]), dilation=dilations, groups=node.attr("group", 1)
+    )
     return _with_bias(node, _with_extent(scope, scope.shape[:2] + out), 2)
 
 
@@ -606,7 +640,9 @@ def _conv_transpose(node: _Node) -> Scope:
     if node.attr("group", 1) != 1:
         raise node.error(f"attribute group={node.attr('group')} is not supported (grouped transposed convolution)")
     if any(d != 1 for d in node.ints("dilations", default=(1, 1))):
-        raise node.error(f"attribute dilations={node.ints('dilations')} is not supported (dilated transposed convolution)")
+        raise node.error(
+            f"attribute dilations={node.ints('dilations')} is not supported (dilated transposed convolution)"
+        )
     if node.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         raise node.error(f"attribute auto_pad={node.attr('auto_pad')!r} is not supported")
     kernel = _kernel(node, w.shape)
@@ -636,7 +672,12 @@ def _pool(kind: str):
             raise node.error(f"attribute kernel_shape must give 2 sizes, got {kernel}")
         (sh, sw), (dh, dw), pads, (oh, ow) = _window(node, x, kernel)
         rows, cols = _affine(-pads[0][0], (sh, "h"), (dh, "r")), _affine(-pads[1][0], (sw, "w"), (dw, "s"))
-        traversal = (Iterator("n", 0, x.shape[0]), Iterator("c", 0, x.shape[1]), Iterator("h", 0, oh), Iterator("w", 0, ow))
+        traversal = (
+            Iterator("n", 0, x.shape[0]),
+            Iterator("c", 0, x.shape[1]),
+            Iterator("h", 0, oh),
+            Iterator("w", 0, ow),
+        )
         window = (Iterator("r", 0, kernel[0]), Iterator("s", 0, kernel[1]))
         read = x[Var("n"), Var("c"), rows, cols]
         padded = any(b or e for b, e in pads)
@@ -758,7 +799,9 @@ def _softmax(node: _Node) -> Scope:
     x = node.tensor(0)
     axis = node.attr("axis", -1 if node.opset >= 13 else 1) % max(x.rank, 1)
     if node.opset < 13 and axis != x.rank - 1:
-        raise node.error(f"before opset 13 Softmax normalises axes {axis}.. flattened; only the last axis (axis={x.rank - 1}) is supported")
+        raise node.error(
+            f"before opset 13 Softmax normalises axes {axis}.. flattened; only the last axis (axis={x.rank - 1}) is supported"
+        )
     return softmax(x, axis)
 
 

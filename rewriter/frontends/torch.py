@@ -522,7 +522,9 @@ def _expand(node: _Node) -> Scope:
     """Broadcast to the result's shape: a size-1 axis that grows is read at 0."""
     x, shape = node.tensor(0), node.shape
     lead = len(shape) - x.rank
-    reads = tuple(Lit(0) if size == 1 and shape[lead + k] != 1 else Var(f"i{lead + k}") for k, size in enumerate(x.shape))
+    reads = tuple(
+        Lit(0) if size == 1 and shape[lead + k] != 1 else Var(f"i{lead + k}") for k, size in enumerate(x.shape)
+    )
     return Scope(_iterators(shape), (), x[reads])
 
 
@@ -547,8 +549,16 @@ def _cat(node: _Node) -> Scope:
 def _slice_tensor(node: _Node) -> Scope:
     """``slice.Tensor(x, dim, start, end, step)``; None bounds are the whole axis."""
     start, end = node.arg(2), node.arg(3)
-    return _slice(_AsOnnx(node, [node.arg(0)], starts=[start or 0], ends=[_INT64_MAX if end is None else end],
-                          axes=[node.arg(1)], steps=[node.arg(4)]))
+    return _slice(
+        _AsOnnx(
+            node,
+            [node.arg(0)],
+            starts=[start or 0],
+            ends=[_INT64_MAX if end is None else end],
+            axes=[node.arg(1)],
+            steps=[node.arg(4)],
+        )
+    )
 
 
 _INT64_MAX = 2**63 - 1
@@ -573,8 +583,16 @@ def _two(value) -> list[int]:
 def _window(node: _Node, kernel, stride, padding, dilation=1, ceil_mode=False, **extra) -> _AsOnnx:
     kernel = _two(kernel)
     (ph, pw) = _two(padding)
-    return _AsOnnx(node, [node.arg(0)], kernel_shape=kernel, strides=_two(stride) if stride else kernel,
-                   pads=[ph, pw, ph, pw], dilations=_two(dilation), ceil_mode=int(bool(ceil_mode)), **extra)
+    return _AsOnnx(
+        node,
+        [node.arg(0)],
+        kernel_shape=kernel,
+        strides=_two(stride) if stride else kernel,
+        pads=[ph, pw, ph, pw],
+        dilations=_two(dilation),
+        ceil_mode=int(bool(ceil_mode)),
+        **extra,
+    )
 
 
 def _max_pool(node: _Node) -> Scope:
@@ -684,7 +702,9 @@ def _compiled(model: Model, exported) -> Callable:
     def run(*args):
         outputs = _run_program(optimized, model, [_numpy(a) for a in args])
         device = args[0].device if args else "cpu"
-        tensors = [torch.from_numpy(np.ascontiguousarray(o)).to(device=device, dtype=d) for o, d in zip(outputs, dtypes)]
+        tensors = [
+            torch.from_numpy(np.ascontiguousarray(o)).to(device=device, dtype=d) for o, d in zip(outputs, dtypes)
+        ]
         return torch.utils._pytree.tree_unflatten(tensors, out_spec)
 
     return run
@@ -697,7 +717,9 @@ BACKEND_SUBPROGRAM_SECONDS = 10.0
 
 def _optimized(model: Model):
     """The graph's program derived, compiled and verified subprogram by subprogram."""
-    return optimize_program(model.program, model.weights, max_depth=BACKEND_MAX_DEPTH, subprogram_time_limit=BACKEND_SUBPROGRAM_SECONDS)
+    return optimize_program(
+        model.program, model.weights, max_depth=BACKEND_MAX_DEPTH, subprogram_time_limit=BACKEND_SUBPROGRAM_SECONDS
+    )
 
 
 def _run_program(optimized, model: Model, inputs: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:

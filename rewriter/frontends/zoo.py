@@ -64,8 +64,19 @@ class _Graph:
         self.nodes.append(self.onnx.helper.make_node(op, list(inputs), [name], name=name, **attributes))
         return name
 
-    def conv(self, x: str, cin: int, cout: int, kernel: Sequence[int], stride: int = 1, pads: Sequence[int] | None = None,
-             dilation: int = 1, bias: bool = True, bn: bool = False, act: str | None = None) -> str:
+    def conv(
+        self,
+        x: str,
+        cin: int,
+        cout: int,
+        kernel: Sequence[int],
+        stride: int = 1,
+        pads: Sequence[int] | None = None,
+        dilation: int = 1,
+        bias: bool = True,
+        bn: bool = False,
+        act: str | None = None,
+    ) -> str:
         """Conv (+ BatchNormalization) (+ activation); ``pads`` defaults to 'same' for stride 1."""
         name = self.fresh("conv")
         kh, kw = kernel
@@ -73,23 +84,51 @@ class _Graph:
         inputs = [x, self.param(f"{name}.weight", (cout, cin, kh, kw), cin * kh * kw)]
         if bias:
             inputs.append(self.small_param(f"{name}.bias", (cout,)))
-        y = self.node("Conv", inputs, name, kernel_shape=list(kernel), strides=[stride, stride], pads=list(pads), dilations=[dilation, dilation])
+        y = self.node(
+            "Conv",
+            inputs,
+            name,
+            kernel_shape=list(kernel),
+            strides=[stride, stride],
+            pads=list(pads),
+            dilations=[dilation, dilation],
+        )
         return self.activation(self.batch_norm(y, cout) if bn else y, act)
 
-    def conv_transpose(self, x: str, cin: int, cout: int, kernel: int, stride: int, pad: int, output_padding: int = 0,
-                       bn: bool = False, act: str | None = None) -> str:
+    def conv_transpose(
+        self,
+        x: str,
+        cin: int,
+        cout: int,
+        kernel: int,
+        stride: int,
+        pad: int,
+        output_padding: int = 0,
+        bn: bool = False,
+        act: str | None = None,
+    ) -> str:
         name = self.fresh("deconv")
         weight = self.param(f"{name}.weight", (cin, cout, kernel, kernel), cin * kernel * kernel // (stride * stride))
         inputs = [x, weight] if bn else [x, weight, self.small_param(f"{name}.bias", (cout,))]
-        y = self.node("ConvTranspose", inputs, name, kernel_shape=[kernel, kernel], strides=[stride, stride],
-                      pads=[pad] * 4, output_padding=[output_padding] * 2)
+        y = self.node(
+            "ConvTranspose",
+            inputs,
+            name,
+            kernel_shape=[kernel, kernel],
+            strides=[stride, stride],
+            pads=[pad] * 4,
+            output_padding=[output_padding] * 2,
+        )
         return self.activation(self.batch_norm(y, cout) if bn else y, act)
 
     def batch_norm(self, x: str, channels: int) -> str:
         name = self.fresh("bn")
-        params = [self.small_param(f"{name}.scale", (channels,), centre=1.0), self.small_param(f"{name}.bias", (channels,)),
-                  self.small_param(f"{name}.mean", (channels,)),
-                  self.constant(f"{name}.var", self.rng.uniform(0.5, 1.5, channels).astype(np.float32))]
+        params = [
+            self.small_param(f"{name}.scale", (channels,), centre=1.0),
+            self.small_param(f"{name}.bias", (channels,)),
+            self.small_param(f"{name}.mean", (channels,)),
+            self.constant(f"{name}.var", self.rng.uniform(0.5, 1.5, channels).astype(np.float32)),
+        ]
         return self.node("BatchNormalization", [x, *params], name, epsilon=1e-5)
 
     def activation(self, x: str, act: str | None) -> str:
@@ -111,13 +150,15 @@ class _Graph:
         assert self.nodes[-1].output[0] == output, "a model function returns its last node's result"
         self.nodes[-1].output[0] = "output"
         graph = helper.make_graph(
-            self.nodes, name,
+            self.nodes,
+            name,
             [helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, list(input_shape))],
             [helper.make_tensor_value_info("output", onnx.TensorProto.FLOAT, None)],
             self.initializers,
         )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
-                                  producer_name="rewriter.zoo")
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION, producer_name="rewriter.zoo"
+        )
         model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
         onnx.checker.check_model(model)
         return model
@@ -204,7 +245,9 @@ def _resnet18(g: _Graph, small: bool):
     Input (1, 3, 224, 224) (batch 1); output (1, 1000).
     small: input (1, 3, 32, 32), channels 4, 8, 16, 32, 10 classes.
     """
-    shape, widths, classes = ((1, 3, 32, 32), (4, 8, 16, 32), 10) if small else ((1, 3, 224, 224), (64, 128, 256, 512), 1000)
+    shape, widths, classes = (
+        ((1, 3, 32, 32), (4, 8, 16, 32), 10) if small else ((1, 3, 224, 224), (64, 128, 256, 512), 1000)
+    )
     x = g.conv("input", 3, widths[0], (7, 7), stride=2, pads=[3] * 4, bias=False, bn=True, act="Relu")
     x = g.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)
     cin = widths[0]
@@ -213,7 +256,11 @@ def _resnet18(g: _Graph, small: bool):
             stride = 2 if stage and not block else 1
             y = g.conv(x, cin, cout, (3, 3), stride=stride, pads=[1] * 4, bias=False, bn=True, act="Relu")
             y = g.conv(y, cout, cout, (3, 3), pads=[1] * 4, bias=False, bn=True)
-            shortcut = x if stride == 1 and cin == cout else g.conv(x, cin, cout, (1, 1), stride=stride, pads=[0] * 4, bias=False, bn=True)
+            shortcut = (
+                x
+                if stride == 1 and cin == cout
+                else g.conv(x, cin, cout, (1, 1), stride=stride, pads=[0] * 4, bias=False, bn=True)
+            )
             x = g.node("Relu", [g.node("Add", [y, shortcut])])
             cin = cout
     x = g.node("Flatten", [g.node("GlobalAveragePool", [x])], axis=1)
@@ -272,11 +319,25 @@ def _longformer(g: _Graph, small: bool):
 
     def unfold(x: str) -> str:
         """(H, N, D) -> (H, N, 2W+1, D): row i, band slot j holds row i + d*(j - W), 0 outside."""
-        padded = g.node("Pad", [g.reshape(x, (heads, n, 1, dim)),
-                                g.constant(g.fresh("pads"), np.array([0, d * w, 0, 0, 0, d * w, 0, 0], np.int64))])
-        offsets = [g.node("Slice", [padded, g.constant(g.fresh("start"), np.array([d * j], np.int64)),
-                                    g.constant(g.fresh("end"), np.array([d * j + n], np.int64)),
-                                    g.constant(g.fresh("axis"), np.array([1], np.int64))]) for j in range(band)]
+        padded = g.node(
+            "Pad",
+            [
+                g.reshape(x, (heads, n, 1, dim)),
+                g.constant(g.fresh("pads"), np.array([0, d * w, 0, 0, 0, d * w, 0, 0], np.int64)),
+            ],
+        )
+        offsets = [
+            g.node(
+                "Slice",
+                [
+                    padded,
+                    g.constant(g.fresh("start"), np.array([d * j], np.int64)),
+                    g.constant(g.fresh("end"), np.array([d * j + n], np.int64)),
+                    g.constant(g.fresh("axis"), np.array([1], np.int64)),
+                ],
+            )
+            for j in range(band)
+        ]
         return g.node("Concat", offsets, axis=2)
 
     q, k, v = (project("input", role) for role in ("query", "key", "value"))
@@ -284,7 +345,10 @@ def _longformer(g: _Graph, small: bool):
     scores = g.node("MatMul", [unfold(k), g.reshape(q, (heads, n, dim, 1))], "band_scores")  # G2BMM
     rows, slots = np.arange(n)[:, None], np.arange(band)[None, :]
     outside = (rows + d * (slots - w) < 0) | (rows + d * (slots - w) >= n)
-    scores = g.node("Add", [g.reshape(scores, (heads, n, band)), g.constant("band_mask", np.where(outside, -1e9, 0).astype(np.float32))])
+    scores = g.node(
+        "Add",
+        [g.reshape(scores, (heads, n, band)), g.constant("band_mask", np.where(outside, -1e9, 0).astype(np.float32))],
+    )
     probs = g.reshape(g.node("Softmax", [scores], axis=-1), (heads, n, 1, band))
     context = g.node("MatMul", [probs, unfold(v)], "band_context")  # GBMM
     context = g.node("Transpose", [g.reshape(context, (heads, n, dim))], perm=[1, 0, 2])

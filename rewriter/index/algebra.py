@@ -207,7 +207,12 @@ def _remainder_candidates(atom: Div, have: Mapping):
     """``(x, k)`` with ``atom == x/k``: its own argument, or ``y/a`` of the form when a divides k."""
     yield atom.form, atom.divisor
     for other in have:
-        if isinstance(other, Div) and other.form == atom.form and other.divisor < atom.divisor and atom.divisor % other.divisor == 0:
+        if (
+            isinstance(other, Div)
+            and other.form == atom.form
+            and other.divisor < atom.divisor
+            and atom.divisor % other.divisor == 0
+        ):
             yield LinearForm.atom(other), atom.divisor // other.divisor
 
 
@@ -368,8 +373,6 @@ def index_bounds(ix: Index, ranges: Ranges | Iterable[Iterator]) -> tuple[int, i
 @lru_cache(maxsize=1 << 16)
 def _bounds_on(ix: Index, ranges: tuple) -> tuple[int, int]:
     return form_bounds(normalize(ix), as_ranges(dict(ranges)))
-
-
 
 
 def affine_index(coefficients: dict, constant: int = 0) -> Index:

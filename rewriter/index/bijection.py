@@ -20,7 +20,9 @@ def check_substitution(scope: Scope, new_traversal: tuple[Iterator, ...], forwar
     if set(forward) != {it.name for it in new_traversal}:
         raise ExpressionError(f"substitution: phi must give every new iterator, got {sorted(forward)}")
     if set(inverse) != set(names):
-        raise ExpressionError(f"substitution: phi^-1 must give every old traversal iterator {names}, got {sorted(inverse)}")
+        raise ExpressionError(
+            f"substitution: phi^-1 must give every old traversal iterator {names}, got {sorted(inverse)}"
+        )
     ranges = box(old)
     if _proved_cheaply(ranges, new_traversal, forward, inverse):
         return
@@ -30,14 +32,16 @@ def check_substitution(scope: Scope, new_traversal: tuple[Iterator, ...], forwar
         f"{isl_index(forward[it.name])} < {it.lo} or {isl_index(forward[it.name])} >= {it.hi}" for it in new_traversal
     )
     if outside and not isl.Set(f"{{ {space} : {isl_box(old)} and ({outside}) }}").is_empty():
-        raise ExpressionError(f"substitution: phi sends points of the box {isl_box(old)} outside the new box {isl_box(new_traversal)}")
+        raise ExpressionError(
+            f"substitution: phi sends points of the box {isl_box(old)} outside the new box {isl_box(new_traversal)}"
+        )
     # phi^-1(phi(x)) must be x for every x in the old box (so phi is injective there)
     phi = {name: ix for name, ix in forward.items()}
-    wrong = " or ".join(
-        f"{isl_index(substitute_index(inverse[name], phi))} != {isl_name(name)}" for name in names
-    )
+    wrong = " or ".join(f"{isl_index(substitute_index(inverse[name], phi))} != {isl_name(name)}" for name in names)
     if wrong and not isl.Set(f"{{ {space} : {isl_box(old)} and ({wrong}) }}").is_empty():
-        raise ExpressionError(f"substitution: the given inverse does not undo phi on {isl_box(old)}: phi is not a bijection with that inverse")
+        raise ExpressionError(
+            f"substitution: the given inverse does not undo phi on {isl_box(old)}: phi is not a bijection with that inverse"
+        )
 
 
 def _proved_cheaply(ranges, new_traversal, forward, inverse) -> bool:

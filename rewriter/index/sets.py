@@ -50,8 +50,26 @@ from .algebra import (
 
 # Words isl's parser reserves; an iterator with one of these names is renamed in isl text.
 ISL_KEYWORDS = frozenset(
-    {"and", "or", "not", "implies", "exists", "mod", "floor", "ceil", "floord", "ceild", "min", "max",
-     "rat", "true", "false", "infty", "NaN", "cst"}
+    {
+        "and",
+        "or",
+        "not",
+        "implies",
+        "exists",
+        "mod",
+        "floor",
+        "ceil",
+        "floord",
+        "ceild",
+        "min",
+        "max",
+        "rat",
+        "true",
+        "false",
+        "infty",
+        "NaN",
+        "cst",
+    }
 )
 
 
@@ -122,12 +140,15 @@ def is_injective(indices: Sequence[Index], ranges: Ranges | Iterable[Iterator]) 
     return index_map(indices, ranges).is_injective()
 
 
-def image_box(indices: Sequence[Index], ranges: Ranges | Iterable[Iterator]) -> tuple[tuple[tuple[int, int], ...], bool]:
+def image_box(
+    indices: Sequence[Index], ranges: Ranges | Iterable[Iterator]
+) -> tuple[tuple[tuple[int, int], ...], bool]:
     """``(((lo, hi) per index, half-open), exact)``: the bounding box of the image of the box and
     whether the image is exactly that box."""
     image = index_map(indices, ranges).range()
     bounds = tuple(
-        (image.dim_min_val(k).to_python(), image.dim_max_val(k).to_python() + 1) for k in range(image.dim(isl.dim_type.set))
+        (image.dim_min_val(k).to_python(), image.dim_max_val(k).to_python() + 1)
+        for k in range(image.dim(isl.dim_type.set))
     )
     return bounds, image.is_equal(_box_set(bounds))
 
@@ -171,10 +192,14 @@ def inverse(
     box = as_ranges(ranges)
     new_names = [str(n) for n in new_names]
     if len(new_names) != len(indices) or len(set(new_names)) != len(new_names):
-        raise ExpressionError(f"inverse needs one distinct new name per index, got {new_names} for {len(indices)} index(es)")
+        raise ExpressionError(
+            f"inverse needs one distinct new name per index, got {new_names} for {len(indices)} index(es)"
+        )
     m = index_map(indices, box)
     if not m.is_injective():
-        raise ExpressionError(f"indices ({', '.join(map(str, indices))}) are not injective on the box {isl_box(box)}: no inverse")
+        raise ExpressionError(
+            f"indices ({', '.join(map(str, indices))}) are not injective on the box {isl_box(box)}: no inverse"
+        )
     bounds, exact = image_box(indices, box)
     radix = _mixed_radix_inverse([normalize(i) for i in indices], box, new_names)
     if radix is not None:
@@ -207,7 +232,9 @@ def _inverse_pieces(reverse: isl.Map, new_names: Sequence[str]) -> list[list[Lin
     return [[_aff_form(ma.get_at(k), new_names) for k in range(ma.dim(isl.dim_type.out))] for ma in pieces]
 
 
-def _mixed_radix_inverse(forms: Sequence[LinearForm], box: Mapping, new_names: Sequence[str]) -> list[LinearForm] | None:
+def _mixed_radix_inverse(
+    forms: Sequence[LinearForm], box: Mapping, new_names: Sequence[str]
+) -> list[LinearForm] | None:
     """Old iterators from merged indices ``n = sum(c_j * x_j) + c`` whose |c_j|, sorted, are the
     place values of a mixed radix with the iterators' sizes as digits (isl splits these into
     pieces on small boxes); None unless every old iterator is recovered this way."""
@@ -248,7 +275,9 @@ def _aff_form(aff: isl.Aff, names: Sequence[str]) -> LinearForm:
     return _floor_of(_rational_parts(aff, names, divs))
 
 
-def _rational_parts(aff: isl.Aff, names: Sequence[str], divs: Sequence[LinearForm]) -> list[tuple[Fraction, LinearForm]]:
+def _rational_parts(
+    aff: isl.Aff, names: Sequence[str], divs: Sequence[LinearForm]
+) -> list[tuple[Fraction, LinearForm]]:
     """``aff`` as ``sum(fraction * form)`` over its inputs, its (earlier) divs and 1."""
     parts = [(Fraction(str(aff.get_constant_val())), LinearForm((), 1))]
     for k, name in enumerate(names):

@@ -330,8 +330,7 @@ def conv2d(
         )
     if cg * groups != c:
         raise ExpressionError(
-            f"weight {w.label} has {cg} input channels per group, input {x.label} has {c} channels "
-            f"and groups={groups}"
+            f"weight {w.label} has {cg} input channels per group, input {x.label} has {c} channels and groups={groups}"
         )
     oh = _conv_output_size(height, kh, sh, ph, dh, "height")
     ow = _conv_output_size(width, kw, sw, pw, dw, "width")
@@ -617,13 +616,12 @@ def _axes(axes: object, rank: int) -> tuple[int, ...]:
     return tuple(sorted(result))
 
 
-def _reduce(x: _Operand, axes: tuple[int, ...], keepdims: bool, kind: str,
-            body: Callable[[Scalar], Scalar] = lambda a: a) -> Scope:
+def _reduce(
+    x: _Operand, axes: tuple[int, ...], keepdims: bool, kind: str, body: Callable[[Scalar], Scalar] = lambda a: a
+) -> Scope:
     """``L i<kept> ; S r<reduced> ; body(A[...])``; keepdims keeps a size-1 ``i<axis>``."""
     traversal = [
-        (f"i{axis}", 1 if axis in axes else size)
-        for axis, size in enumerate(x.shape)
-        if keepdims or axis not in axes
+        (f"i{axis}", 1 if axis in axes else size) for axis, size in enumerate(x.shape) if keepdims or axis not in axes
     ]
     summation = [(f"r{axis}", x.shape[axis]) for axis in axes]
     read = x.read(*(f"r{axis}" if axis in axes else f"i{axis}" for axis in range(x.rank)))
@@ -647,7 +645,7 @@ def reduce_sum(x: Operand, axes=None, keepdims: bool = False) -> Scope:
 def reduce_max(x: Operand, axes=None, keepdims: bool = False) -> Scope:
     """Maximum over ``axes``, like ``reduce_sum`` but printed with ``M`` (reduce="max")::
 
-        reduce_max((2, 3), -1)  ->  L i0:2 ; M r1:3 ; A[i0, r1]
+    reduce_max((2, 3), -1)  ->  L i0:2 ; M r1:3 ; A[i0, r1]
     """
     (x,) = _operands(("x", x, "A"))
     return _reduce(x, _axes(axes, x.rank), keepdims, "max")
@@ -657,7 +655,7 @@ def reduce_max(x: Operand, axes=None, keepdims: bool = False) -> Scope:
 def reduce_mean(x: Operand, axes=None, keepdims: bool = False) -> Scope:
     """Mean over ``axes``: the sum of each element times the constant 1/n::
 
-        reduce_mean((2, 4), 1)  ->  L i0:2 ; S r1:4 ; A[i0, r1] * 0.25
+    reduce_mean((2, 4), 1)  ->  L i0:2 ; S r1:4 ; A[i0, r1] * 0.25
     """
     (x,) = _operands(("x", x, "A"))
     axes = _axes(axes, x.rank)
@@ -688,8 +686,9 @@ def softmax(x: Operand, axis: int = -1) -> Scope:
 
 
 @_builder("layer_norm")
-def layer_norm(x: Operand, axes=-1, eps: float = 1e-5, weight: Operand | None = None,
-               bias: Operand | None = None) -> Scope:
+def layer_norm(
+    x: Operand, axes=-1, eps: float = 1e-5, weight: Operand | None = None, bias: Operand | None = None
+) -> Scope:
     """Layer normalisation over trailing ``axes`` (PyTorch's ``layer_norm``, biased variance),
     default names A (input), W (weight), B (bias)::
 
@@ -709,10 +708,12 @@ def layer_norm(x: Operand, axes=-1, eps: float = 1e-5, weight: Operand | None = 
         raise ExpressionError(f"axes {axes} must be the trailing axes of the input (shape {x.shape})")
     if not _is_number(eps) or not math.isfinite(eps) or eps < 0:
         raise ExpressionError(f"eps must be a non-negative number, got {eps!r}")
-    normalized = x.shape[x.rank - len(axes):]
+    normalized = x.shape[x.rank - len(axes) :]
     for param in ("weight", "bias"):
         if param in ops and ops[param].shape != normalized:
-            raise ExpressionError(f"{param} {ops[param].label} has shape {ops[param].shape}, the normalised shape is {normalized}")
+            raise ExpressionError(
+                f"{param} {ops[param].label} has shape {ops[param].shape}, the normalised shape is {normalized}"
+            )
     scale = Num(1.0 / math.prod(normalized))
     mean = _Operand(_reduce(x, axes, True, "sum", lambda a: a * scale), "mean")
     centered = _Operand(_map(lambda a, m: a - m, [x, mean]), "centered")
@@ -793,7 +794,9 @@ def einsum(subscripts: str, *operands: Operand) -> Scope:
     sizes: dict[str, tuple[int, str]] = {}  # letter -> (size, where it was first seen)
     for op, term in zip(ops, terms):
         if len(term) != op.rank:
-            raise ExpressionError(f"subscript {term!r} has {len(term)} letter(s) but {op.label} has rank {op.rank} (shape {op.shape})")
+            raise ExpressionError(
+                f"subscript {term!r} has {len(term)} letter(s) but {op.label} has rank {op.rank} (shape {op.shape})"
+            )
         for axis, (letter, size) in enumerate(zip(term, op.shape)):
             where = f"{op.label} (axis {axis})"
             seen = sizes.setdefault(letter, (size, where))

@@ -178,6 +178,7 @@ def constant_value(ix: Index) -> int:
         raise ExpressionError(f"index {ix} is not a constant")
     return int(eval_index(ix, {}))  # type: ignore[arg-type]
 
+
 def substitute_index(ix: Index, mapping: dict[str, Index]) -> Index:
     """``ix`` with each iterator named in ``mapping`` replaced by its index expression."""
     match ix:
@@ -190,7 +191,6 @@ def substitute_index(ix: Index, mapping: dict[str, Index]) -> Index:
         case IndexOp(op, lhs, rhs):
             return IndexOp(op, substitute_index(lhs, mapping), substitute_index(rhs, mapping))
     raise ExpressionError(f"{ix!r} is not an index expression")
-
 
 
 # --------------------------------------------------------------------------------------------

@@ -164,8 +164,7 @@ class Access(Scalar):
         rank = len(self.source.shape)
         if rank != len(indices):
             raise ExpressionError(
-                f"{_source_name(self.source)} has {rank} dimension(s) but is read with "
-                f"{len(indices)} index(es)"
+                f"{_source_name(self.source)} has {rank} dimension(s) but is read with {len(indices)} index(es)"
             )
 
 
@@ -232,7 +231,8 @@ class Iterator:
         object.__setattr__(self, "hi", as_int(self.hi, f"iterator {self.name}: range end"))
         if self.hi <= self.lo:
             raise ExpressionError(
-                f"iterator {self.name} has an empty range {self.lo}..{self.hi}" + (" (negative size)" if self.hi < self.lo else "")
+                f"iterator {self.name} has an empty range {self.lo}..{self.hi}"
+                + (" (negative size)" if self.hi < self.lo else "")
             )
 
     @property
@@ -277,7 +277,9 @@ class Scope:
             if not isinstance(it, Iterator):
                 raise ExpressionError(f"{it!r} is not an Iterator")
             if it.name in seen:
-                raise ExpressionError(f"duplicate iterator {it.name!r} in scope 'L {', '.join(map(str, self.traversal))}'")
+                raise ExpressionError(
+                    f"duplicate iterator {it.name!r} in scope 'L {', '.join(map(str, self.traversal))}'"
+                )
             seen.add(it.name)
         _check_body(self.body, seen)
         tensor_shapes(self)  # raises when a tensor name is used with two shapes
@@ -344,7 +346,11 @@ def tensor_shapes(expr: Scope | Program) -> dict[str, tuple[int, ...]]:
         return expr.inputs
     shapes: dict[str, tuple[int, ...]] = {}
     for access in accesses(expr.body):
-        inner = {access.source.name: access.source.shape} if isinstance(access.source, Tensor) else tensor_shapes(access.source)
+        inner = (
+            {access.source.name: access.source.shape}
+            if isinstance(access.source, Tensor)
+            else tensor_shapes(access.source)
+        )
         for name, shape in inner.items():
             if shapes.setdefault(name, shape) != shape:
                 raise ExpressionError(f"tensor {name} is used with two shapes, {shapes[name]} and {shape}")
@@ -382,10 +388,16 @@ class Program:
             if not isinstance(expr, Scope):
                 raise ExpressionError(f"definition of {name} is not a Scope")
             if name in defined or name in inputs:
-                raise ExpressionError(f"tensor {name} is defined twice" if name in defined else f"tensor {name} is read before it is defined")
+                raise ExpressionError(
+                    f"tensor {name} is defined twice"
+                    if name in defined
+                    else f"tensor {name} is read before it is defined"
+                )
             for tensor, shape in tensor_shapes(expr).items():
                 if tensor in defined and defined[tensor] != shape:
-                    raise ExpressionError(f"{name} reads {tensor} with shape {shape}, but {tensor} has shape {defined[tensor]}")
+                    raise ExpressionError(
+                        f"{name} reads {tensor} with shape {shape}, but {tensor} has shape {defined[tensor]}"
+                    )
                 if tensor not in defined and inputs.setdefault(tensor, shape) != shape:
                     raise ExpressionError(f"tensor {tensor} is used with two shapes, {inputs[tensor]} and {shape}")
             defined[name] = expr.shape
@@ -402,8 +414,6 @@ class Program:
 
     def __str__(self) -> str:
         return format_program(self)
-
-
 
 
 # --------------------------------------------------------------------------------------------

@@ -77,7 +77,9 @@ class _Parser:
         return ExpressionError(f"line {token.line}, column {token.column}: {message}")
 
     def describe(self, token: Token) -> str:
-        return "end of input" if token.kind == "end" else ("end of line" if token.kind == "newline" else repr(token.text))
+        return (
+            "end of input" if token.kind == "end" else ("end of line" if token.kind == "newline" else repr(token.text))
+        )
 
     def accept(self, text: str) -> Token | None:
         if self.token.text == text and self.token.kind in ("punct", "name"):
@@ -94,7 +96,9 @@ class _Parser:
 
     def take(self, kind: str, context: str) -> Token:
         if self.token.kind != kind:
-            raise self.error(f"expected {'a ' + kind if kind != 'end' else 'end of input'} {context}, found {self.describe(self.token)}")
+            raise self.error(
+                f"expected {'a ' + kind if kind != 'end' else 'end of input'} {context}, found {self.describe(self.token)}"
+            )
         token = self.token
         self.pos += 1
         return token
@@ -290,7 +294,9 @@ def parse_program(text: str, shapes: dict | None = None) -> Program:
         parser.expect("=", f"after {name.text}")
         expr = parser.scope()
         if parser.token.kind not in ("newline", "end"):
-            raise parser.error(f"expected end of line after the definition of {name.text}, found {parser.describe(parser.token)}")
+            raise parser.error(
+                f"expected end of line after the definition of {name.text}, found {parser.describe(parser.token)}"
+            )
         if any(name.text == defined for defined, _ in definitions):
             raise parser.error(f"tensor {name.text} is defined twice", name)
         if name.text in given:

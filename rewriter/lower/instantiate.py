@@ -160,7 +160,9 @@ def match_gemm(scope: Scope) -> GemmMatch | None:
     return None
 
 
-def _gemm_match(x: Access, y: Access, px: dict, py: dict, groups: dict, box: dict, sizes: dict, out_strides: dict) -> GemmMatch | None:
+def _gemm_match(
+    x: Access, y: Access, px: dict, py: dict, groups: dict, box: dict, sizes: dict, out_strides: dict
+) -> GemmMatch | None:
     """The match for one grouping of the iterators into b, m, n, k, or None when some group's
     iterators do not form one strided dimension of an operand or of the output."""
     # read the operands at the first point of the box
@@ -346,7 +348,9 @@ class Kernel:
         if self.match is not None:
             return self.match.flops / BLAS_FLOPS + fixed
         # a fused eOperator still computes its nested scopes (once each): count their work too
-        work = sum(math.prod(it.size for it in s.iterators) * _op_count(s.body) for s in (self.expr, *nested_scopes(self.expr)))
+        work = sum(
+            math.prod(it.size for it in s.iterators) * _op_count(s.body) for s in (self.expr, *nested_scopes(self.expr))
+        )
         return work / EOP_OPS + fixed
 
     def with_expr(self, expr: Scope) -> Kernel:
@@ -512,8 +516,10 @@ def _split_layouts(scope: Scope) -> Scope | None:
         if not isinstance(access.source, Tensor):
             return access
         merges = _dimension_merges(access.indices)
-        splits = [None if k in merges or k in merges.values() else _dimension_split(ix, box, size)
-                  for k, (ix, size) in enumerate(zip(access.indices, access.source.shape))]
+        splits = [
+            None if k in merges or k in merges.values() else _dimension_split(ix, box, size)
+            for k, (ix, size) in enumerate(zip(access.indices, access.source.shape))
+        ]
         if not any(splits) and not merges:
             return access
         changed = True
@@ -556,8 +562,11 @@ def _operand_layouts(scope: Scope) -> Scope | None:
 def _dimension_merges(indices) -> dict[int, int]:
     """{a: b} for each pair of positions read as ``e/c`` (at a) and ``e%c`` (at b), same e and c."""
     quotients = {(ix.lhs, ix.rhs): k for k, ix in enumerate(indices) if isinstance(ix, IndexOp) and ix.op == "/"}
-    return {quotients[(ix.lhs, ix.rhs)]: k for k, ix in enumerate(indices)
-            if isinstance(ix, IndexOp) and ix.op == "%" and (ix.lhs, ix.rhs) in quotients}
+    return {
+        quotients[(ix.lhs, ix.rhs)]: k
+        for k, ix in enumerate(indices)
+        if isinstance(ix, IndexOp) and ix.op == "%" and (ix.lhs, ix.rhs) in quotients
+    }
 
 
 def _dimension_split(ix, box: dict, size: int):
@@ -625,7 +634,9 @@ def postprocess(candidate: Candidate, weights=()) -> Candidate:
     while _fuse_eops(kernels) or _drop_identity(kernels):
         pass
     fused = len(kernels) < len(unfused)
-    return Candidate(mark_weight_only(kernels, weights), candidate.source, mark_weight_only(unfused, weights) if fused else None)
+    return Candidate(
+        mark_weight_only(kernels, weights), candidate.source, mark_weight_only(unfused, weights) if fused else None
+    )
 
 
 def mark_weight_only(kernels: list[Kernel], weights) -> list[Kernel]:
@@ -656,7 +667,9 @@ def _drop_identity(kernels: list[Kernel]) -> bool:
             _rename_reads(kernels, kernel.output, source)
         elif source in produced:
             producer = produced[source]
-            kernels[kernels.index(producer)] = Kernel(producer.kind, kernel.output, producer.expr, producer.match, producer.weight_only)
+            kernels[kernels.index(producer)] = Kernel(
+                producer.kind, kernel.output, producer.expr, producer.match, producer.weight_only
+            )
             _rename_reads(kernels, source, kernel.output)
         else:
             continue  # the whole program copies an input: that copy is the program

@@ -168,7 +168,9 @@ def _measured(backend: Backend, check: Check, candidates: list[Candidate], extra
             continue
         add(candidate)
     if not compiled:  # the identity compiles to one generated kernel: this is a code generation bug
-        raise RuntimeError(f"no compiled program for {check.expr} agrees with the reference:\n" + "\n".join(check.rejected))
+        raise RuntimeError(
+            f"no compiled program for {check.expr} agrees with the reference:\n" + "\n".join(check.rejected)
+        )
     for _ in range(EXTRACTION_ROUNDS if extraction is not None else 0):
         if deadline is not None and time.perf_counter() > deadline:
             break

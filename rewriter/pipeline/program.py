@@ -80,13 +80,25 @@ class OptimizedProgram:
 
     def stats(self) -> list[dict]:
         """One row per subprogram, then one per fusion across subprograms (``stats.jsonl``)."""
-        rows = [{"subprogram": s.name, "state": s.state, "original_s": s.original_s, "optimized_s": s.optimized_s,
-                 "search_s": s.search_s, "kernels": list(s.kernels)} for s in self.subprograms]
-        return rows + [{"fused": f.producer, "into": f.consumer, "apart_s": f.seconds_apart, "fused_s": f.seconds_fused}
-                       for f in self.fusions]
+        rows = [
+            {
+                "subprogram": s.name,
+                "state": s.state,
+                "original_s": s.original_s,
+                "optimized_s": s.optimized_s,
+                "search_s": s.search_s,
+                "kernels": list(s.kernels),
+            }
+            for s in self.subprograms
+        ]
+        return rows + [
+            {"fused": f.producer, "into": f.consumer, "apart_s": f.seconds_apart, "fused_s": f.seconds_fused}
+            for f in self.fusions
+        ]
 
-    def save(self, directory: str | Path, extra: Mapping[str, str] | None = None,
-             measurements: str | Path | None = None) -> Path:
+    def save(
+        self, directory: str | Path, extra: Mapping[str, str] | None = None, measurements: str | Path | None = None
+    ) -> Path:
         """The stitched program (kernels, libraries, bound weights), ``model.json``, ``stats.jsonl``,
         the ``extra`` text files and a snapshot of the ``measurements`` database; written to a
         temporary folder first and renamed, so an interrupted save leaves no half-written
@@ -96,12 +108,28 @@ class OptimizedProgram:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         self.program.save(partial / "program")
-        entries = [{"name": s.name, "expr": str(s.expr), "shapes": tensor_shapes(s.expr), "kernels": list(s.kernels),
-                    "arguments": s.arguments, "state": s.state, "original_s": s.original_s, "optimized_s": s.optimized_s,
-                    "search_s": s.search_s, "explain": s.explain, "kernels_before": s.kernels_before}
-                   for s in self.subprograms]
-        meta = {"inputs": self.inputs, "outputs": self.outputs, "subprograms": entries,
-                "fusions": [f.__dict__ for f in self.fusions]}
+        entries = [
+            {
+                "name": s.name,
+                "expr": str(s.expr),
+                "shapes": tensor_shapes(s.expr),
+                "kernels": list(s.kernels),
+                "arguments": s.arguments,
+                "state": s.state,
+                "original_s": s.original_s,
+                "optimized_s": s.optimized_s,
+                "search_s": s.search_s,
+                "explain": s.explain,
+                "kernels_before": s.kernels_before,
+            }
+            for s in self.subprograms
+        ]
+        meta = {
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "subprograms": entries,
+            "fusions": [f.__dict__ for f in self.fusions],
+        }
         (partial / "model.json").write_text(json.dumps(meta, indent=1))
         (partial / "stats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in self.stats()))
         for name, text in (extra or {}).items():
@@ -129,8 +157,20 @@ def load_optimized(directory: str | Path) -> OptimizedProgram:
     subprograms = []
     for e in meta["subprograms"]:
         expr = parse(e["expr"], {n: tuple(s) for n, s in e["shapes"].items()})
-        subprograms.append(Subprogram(e["name"], expr, tuple(e["kernels"]), e["arguments"], e["state"], e["original_s"],
-                                      e["optimized_s"], e["search_s"], e["explain"], e["kernels_before"]))
+        subprograms.append(
+            Subprogram(
+                e["name"],
+                expr,
+                tuple(e["kernels"]),
+                e["arguments"],
+                e["state"],
+                e["original_s"],
+                e["optimized_s"],
+                e["search_s"],
+                e["explain"],
+                e["kernels_before"],
+            )
+        )
     inputs = {n: tuple(s) for n, s in meta["inputs"].items()}
     fusions = [Fusion(**f) for f in meta["fusions"]]
     return OptimizedProgram(inputs, tuple(meta["outputs"]), subprograms, load(directory / "program"), fusions)
@@ -198,7 +238,9 @@ def fuse_elementwise(program: Program) -> Program:
                 if edited[0] in summing and not _unfolds(before[removed.pop()]):
                     continue
                 closed = _closed(after[edited[0]], eager)
-                program = Program(tuple((n, closed if n == edited[0] else e) for n, e in variant.definitions), variant.outputs)
+                program = Program(
+                    tuple((n, closed if n == edited[0] else e) for n, e in variant.definitions), variant.outputs
+                )
                 changed = True
                 break
             if changed:
@@ -279,7 +321,9 @@ def optimize_program(
     return OptimizedProgram(inputs, program.outputs, subprograms, stitched, fusions)
 
 
-def _subprogram(name: str, expr: Scope, weights, derived: dict, backend: Backend, max_depth: int | None, budget: float | None):
+def _subprogram(
+    name: str, expr: Scope, weights, derived: dict, backend: Backend, max_depth: int | None, budget: float | None
+):
     """The subprogram ``name = expr`` derived (``max_depth`` None: as written, one TVM kernel),
     or reused from ``derived`` (equal subprograms up to tensor names), and its compiled program
     over positional names with its weights bound."""
@@ -316,8 +360,11 @@ def _global_names(sub: Subprogram, compiled, taken: set[str]) -> dict[str, str]:
     arguments and output as the model does, each temporary ``<subprogram>_<temporary>``."""
     names = dict(sub.arguments)
     for kernel in compiled.kernels[:-1]:
-        fresh = next(f"{sub.name}_{kernel.output}{k or ''}" for k in range(len(taken) + 1)
-                     if f"{sub.name}_{kernel.output}{k or ''}" not in taken)
+        fresh = next(
+            f"{sub.name}_{kernel.output}{k or ''}"
+            for k in range(len(taken) + 1)
+            if f"{sub.name}_{kernel.output}{k or ''}" not in taken
+        )
         names[kernel.output] = fresh
         taken.add(fresh)
     names[compiled.output] = sub.name

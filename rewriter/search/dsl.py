@@ -64,8 +64,12 @@ class Rule:
                     raise RuleError(f"rule {self.name!r} yielded {type(result).__name__}, not a {type(scope).__name__}")
                 if isinstance(scope, Program):
                     if _outputs(result) != _outputs(scope):
-                        raise RuleError(f"rule {self.name!r} changed the outputs of a program: {_outputs(scope)} became {_outputs(result)}")
-                elif result.shape != scope.shape or [it.lo for it in result.traversal] != [it.lo for it in scope.traversal]:
+                        raise RuleError(
+                            f"rule {self.name!r} changed the outputs of a program: {_outputs(scope)} became {_outputs(result)}"
+                        )
+                elif result.shape != scope.shape or [it.lo for it in result.traversal] != [
+                    it.lo for it in scope.traversal
+                ]:
                     raise RuleError(
                         f"rule {self.name!r} changed the output box of a scope: "
                         f"{_box(scope)} became {_box(result)} (in: {scope})"

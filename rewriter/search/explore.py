@@ -137,7 +137,9 @@ class _Budget:
         return None
 
 
-def eager_closure(expr: Scope, rules: Sequence[Rule], memo: dict | None = None, limit: int | None = None) -> tuple[Scope, list[Step]]:
+def eager_closure(
+    expr: Scope, rules: Sequence[Rule], memo: dict | None = None, limit: int | None = None
+) -> tuple[Scope, list[Step]]:
     """Apply eager rules anywhere until none applies (each takes its first result). ``limit``
     bounds the steps (a guard against rules that undo each other); by default it grows with the
     number of scopes, each of which may be inlined or simplified a few times."""
@@ -272,4 +274,3 @@ def _derive(state: State, position, scope, result, rule_, eager, graph, current,
         graph.union(canonical(state.expr), canonical(closed))
         current.rebuild_s += time.perf_counter() - tick
     return child
-

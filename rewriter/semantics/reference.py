@@ -135,7 +135,9 @@ class _Evaluator:
             return full.max(axis=summed, keepdims=True)
         match body:
             case Binary("+" | "-" as op, lhs, rhs):
-                return _BINARY[op](self.reduce(lhs, env, sizes, summed, kind), self.reduce(rhs, env, sizes, summed, kind))
+                return _BINARY[op](
+                    self.reduce(lhs, env, sizes, summed, kind), self.reduce(rhs, env, sizes, summed, kind)
+                )
             case Unary("neg", arg):
                 return -self.reduce(arg, env, sizes, summed, kind)
             case Binary("/", lhs, rhs) if not _depends(rhs, env, summed):
@@ -305,4 +307,3 @@ def _footprint(scope: Scope, sizes: dict[str, int]) -> int:
     if scope.summation and scope.reduce == "sum":
         return reduced(scope.body)
     return max(term(scope.body), size(_deps(scope.body, sizes)))
-

@@ -27,16 +27,25 @@ def random_inputs(expr: Scope | Program, seed: int = 0) -> dict[str, np.ndarray]
     return {name: rng.uniform(-1, 1, shape) for name, shape in tensor_shapes(expr).items()}
 
 
-def assert_sound(rule_: Rule, expr: Scope | Program, inputs: dict | None = None, *, rtol: float = 1e-9, atol: float = 1e-9) -> int:
+def assert_sound(
+    rule_: Rule, expr: Scope | Program, inputs: dict | None = None, *, rtol: float = 1e-9, atol: float = 1e-9
+) -> int:
     """Every application of ``rule_`` to ``expr`` evaluates equal to ``expr``; returns how many."""
     inputs = random_inputs(expr) if inputs is None else inputs
     expected = _outputs(evaluate(expr, inputs))
     results = applications(rule_, expr)
     for result in results:
         got = _outputs(evaluate(result, inputs))
-        if not all(g.shape == e.shape and np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True) for g, e in zip(got, expected)):
-            worst = max(float(np.nanmax(np.abs(g - e))) if g.shape == e.shape else np.inf for g, e in zip(got, expected))
-            raise AssertionError(f"rule {rule_.name!r} is unsound here (max error {worst:.3g}):\n  {expr}\n=>\n  {result}")
+        if not all(
+            g.shape == e.shape and np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
+            for g, e in zip(got, expected)
+        ):
+            worst = max(
+                float(np.nanmax(np.abs(g - e))) if g.shape == e.shape else np.inf for g, e in zip(got, expected)
+            )
+            raise AssertionError(
+                f"rule {rule_.name!r} is unsound here (max error {worst:.3g}):\n  {expr}\n=>\n  {result}"
+            )
     return len(results)
 
 
