@@ -2,15 +2,13 @@
 
     python3 bench/egraph_boundary.py [--terms 2000] [--quick]
 
-1. insertion cost per term against commands per ``run_program`` call (``batch_size``);
-2. insertion cost per e-node against scope size (one command per call);
-3. handles: ``(Ref N)`` vs egglog ``let`` as the graph grows;
-4. the other operations: union of handles, ``equivalent``, ``size`` (nodes; classes via freeze),
-   ``extract`` (+ conversion to the IR), conversion to/from text, the high-level egglog-python path,
-   and one run of ``eager_rules``.
+1. insertion cost per e-node against scope size;
+2. handles: ``(Ref N)`` vs egglog ``let`` as the graph grows;
+3. the other operations: writing egglog text, union of handles, ``equivalent``, ``lookup``,
+   ``size`` (nodes; classes via freeze), ``extract`` (+ reading the IR back), the high-level
+   egglog-python insertion, and one run of ``eager_rules``.
 
-"fresh" terms use a new tensor name each (almost every e-node is new); "shared" terms differ only
-in index offsets (like derivation states, which share most of their structure).
+"fresh" terms use a new tensor name each (almost every e-node is new).
 """
 
 from __future__ import annotations
@@ -26,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from egglog import union  # noqa: E402
 
 from rewriter import parse  # noqa: E402
-from rewriter.egraph import ExpressionGraph, eager_rules, from_egglog, from_termdag, to_egglog, to_term  # noqa: E402
+from rewriter.egraph import CONSTRUCTORS, ExpressionGraph, ScopeTerm, adapter, eager_rules  # noqa: E402
+from rewriter.egraph.language import SCOPE, Fold, text_app, text_lit  # noqa: E402
 
 CONV = "L n:1, h:7, w:7, f:512 ; S c:512, r:3, s:3 ; {A}[n, h+r-{a}, w+s-{b}, c] * K[r, s, f, c]"
 
@@ -43,8 +42,13 @@ def sum_scope(k: int, terms: int):
     return parse(f"L i:8, j:8 ; {body}", {f"X{k}": (64, 64)})
 
 
+def text(scope) -> str:
+    """The egglog text ``ExpressionGraph.add`` sends for a scope with no handles inside."""
+    return Fold(text_app, text_lit)(SCOPE, scope)
+
+
 def nodes_of(scope) -> int:
-    return to_egglog(scope).count("(")
+    return text(scope).count("(")
 
 
 def per_term_ms(seconds: float, count: int) -> float:
@@ -59,14 +63,13 @@ def table(title: str, header: list[str], rows: list[list]) -> None:
         print("  ".join(str(x).rjust(w) for x, w in zip(row, widths)))
 
 
-def time_inserts(scopes, batch_size: int) -> tuple[float, float]:
-    """(seconds total, seconds inside egglog) to add every scope and flush."""
-    graph = ExpressionGraph(batch_size=batch_size)
+def time_inserts(scopes) -> float:
+    """Seconds to add every scope."""
+    graph = ExpressionGraph()
     start = time.perf_counter()
     for scope in scopes:
         graph.add(scope)
-    graph.flush()
-    return time.perf_counter() - start, graph.stats.insert_seconds
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -76,23 +79,9 @@ def main() -> None:
     args = parser.parse_args()
     n = 500 if args.quick else args.terms
 
-    # warm-up (imports, first egglog graph)
-    time_inserts([conv_scope(k, True) for k in range(50)], 1)
+    time_inserts([conv_scope(k, True) for k in range(50)])  # warm-up (imports, first egglog graph)
 
-    # 1. batch size
-    rows = []
-    for kind in ("fresh", "shared"):
-        scopes = [conv_scope(k, kind == "fresh") for k in range(n)]
-        for batch in (1, 2, 5, 10, 25, 50, 100):
-            total, _ = time_inserts(scopes, batch)
-            rows.append([kind, nodes_of(scopes[0]), batch, f"{per_term_ms(total, n):.3f}"])
-    table(
-        f"1. add() + flush, {n} conv-like terms: ms per term against batch size",
-        ["terms", "nodes/term", "batch", "ms/term"],
-        rows,
-    )
-
-    # 2. scope size
+    # 1. scope size
     rows = []
     sizes = (1, 4, 16) if args.quick else (1, 2, 4, 8, 16, 32, 64)
     for terms in sizes:
@@ -100,10 +89,11 @@ def main() -> None:
         scopes = [sum_scope(k, terms) for k in range(count)]
         nodes = nodes_of(scopes[0])
         build = time.perf_counter()
+        writer = Fold(text_app, text_lit)
         for scope in scopes:
-            to_egglog(scope)
+            writer(SCOPE, scope)
         build = time.perf_counter() - build
-        total, _ = time_inserts(scopes, 1)
+        total = time_inserts(scopes)
         rows.append(
             [
                 terms,
@@ -115,19 +105,17 @@ def main() -> None:
             ]
         )
     table(
-        "2. add() + flush, fresh terms, batch 1: cost against term size",
+        "1. add(), fresh terms: cost against term size",
         ["accesses", "nodes/term", "terms", "ms/term", "us/node", "text us/node"],
         rows,
     )
 
-    # 3. Ref handles vs let bindings as the graph grows
+    # 2. Ref handles vs let bindings as the graph grows
     rows = []
     count = 2 * n if args.quick else 8 * n
-    scopes = [conv_scope(k, True) for k in range(count)]
-    texts = [to_egglog(s) for s in scopes]
+    texts = [text(conv_scope(k, True)) for k in range(count)]
     for mode in ("ref", "let"):
-        graph = ExpressionGraph()
-        raw = graph._raw
+        raw = adapter.bindings_egraph(ExpressionGraph().egraph)
         step = count // 4
         for part in range(4):
             start = time.perf_counter()
@@ -136,16 +124,15 @@ def main() -> None:
                 raw.run_program(*raw.parse_program(command))
             rows.append([mode, (part + 1) * step, f"{per_term_ms(time.perf_counter() - start, step):.3f}"])
     table(
-        "3. handle kind: ms per term as handles accumulate (fresh conv terms, batch 1)",
+        "2. handle kind: ms per term as handles accumulate (fresh conv terms)",
         ["handle", "handles so far", "ms/term"],
         rows,
     )
 
-    # 4. other operations on a graph of n fresh conv terms
+    # 3. other operations on a graph of n fresh conv terms
     graph = ExpressionGraph()
     scopes = [conv_scope(k, True) for k in range(n)]
-    handles = graph.add_all(scopes)
-    graph.flush()
+    handles = [graph.add(scope) for scope in scopes]
     rows = []
 
     def op(name: str, fn, repeat: int) -> None:
@@ -156,42 +143,31 @@ def main() -> None:
             times.append(time.perf_counter() - start)
         rows.append([name, repeat, f"{statistics.median(times) * 1e3:.3f}"])
 
-    op("to_egglog (48 nodes, memoised indices)", lambda i: to_egglog(scopes[i]), 200)
-    text = to_egglog(scopes[0])
-    op("from_egglog (48 nodes)", lambda i: from_egglog(text), 200)
-    (out,) = graph.send(f"(extract {handles[0]})")
-    op("from_termdag (48 nodes)", lambda i: from_termdag(out.termdag, out.term), 200)
-    op(
-        "union(handle, handle), flushed",
-        lambda i: (graph.union(handles[2 * i], handles[2 * i + 1]), graph.flush()),
-        min(200, n // 2),
-    )
+    writer = Fold(text_app, text_lit)
+    op("egglog text of a scope (48 nodes, memoised indices)", lambda i: writer(SCOPE, scopes[i]), 200)
+    op("union(handle, handle)", lambda i: graph.union(handles[2 * i], handles[2 * i + 1]), min(200, n // 2))
     op("equivalent(handle, handle)", lambda i: graph.equivalent(handles[i], handles[i + 1]), 200)
     op(
         "equivalent(handle, scope) via node lookups",
         lambda i: graph.equivalent(handles[i], conv_scope(i + 1, False)),
         200,
     )
-    op(
-        "equivalent(handle, term text) via egglog check",
-        lambda i: graph.equivalent(handles[i], to_egglog(scopes[i + 1])),
-        50,
-    )
+    op("lookup(scope) of a scope it holds", lambda i: graph.lookup(scopes[i]), 200)
     op("extract(handle) -> Scope (egglog extract command)", lambda i: graph.extract(handles[i]), 50)
-    op("extract_many(200 handles) -> Scopes, per call", lambda i: graph.extract_many(handles[:200]), 3)
     op(f"size(classes=False), {graph.size()[0]} nodes", lambda i: graph.size(classes=False), 20)
     op(f"size() with class count, {graph.size()[0]} nodes", lambda i: graph.size(), 20)
     high = ExpressionGraph()
+    term = Fold(lambda name, args: CONSTRUCTORS[name].term(*args), lambda kind, value: kind.encode(value))
     op(
-        "high-level egglog-python: register(union(ref).with_(to_term(s)))",
-        lambda i: high.egraph.register(union(high.expr(scopes[i])).with_(to_term(scopes[i]))),
+        "high-level egglog-python: register(union(ref).with_(term)), term from the table",
+        lambda i: high.egraph.register(union(ScopeTerm.ref(i)).with_(term(SCOPE, scopes[i]))),
         50,
     )
     op(f"run(eager_rules, 1) on {graph.size()[0]} nodes", lambda i: graph.run(eager_rules, 1), 5)
     table(
-        f"4. other operations (graph of {n} fresh conv terms): median ms per call", ["operation", "calls", "ms"], rows
+        f"3. other operations (graph of {n} fresh conv terms): median ms per call", ["operation", "calls", "ms"], rows
     )
-    print(f"\ngraph stats after section 4: {graph.stats}")
+    print(f"\ngraph stats after section 3: {graph.stats}")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
-"""Extraction from the e-graph (rewriter.extract): per e-class choices, combined bottom up."""
+"""Extraction from the e-graph (rewriter.egraph.extract): per e-class choices, combined bottom up."""
 
 import numpy as np
 from hypothesis import given, settings
-from strategies import expressions
 
 from rewriter import evaluate, parse
 from rewriter.egraph import ExpressionGraph, extract
 from rewriter.lower import instantiate, postprocess
 from rewriter.search import canonical, explore, fingerprint
 from rewriter.testing import random_inputs
+from rewriter.testing.strategies import expressions
 
 
 def _text_length(scope, constants=frozenset()) -> float:

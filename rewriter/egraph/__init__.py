@@ -1,13 +1,16 @@
-"""The e-graph: the expression language as egglog terms (``graph``), the graph scopes are
-inserted into, and extraction of the cheapest program of an e-class (``extract``). Depends on
-``rewriter.ir`` and egglog."""
+"""The e-graph. Depends on ``rewriter.ir`` and egglog.
+
+``language``  the e-graph language declared once: a table of constructors, and from it the
+              egglog-python classes rules are written over, the writer and the readers
+``graph``     ``ExpressionGraph``, the e-graph scopes are inserted into, and ``eager_rules``
+``adapter``   every use of egglog-python beyond its documented API
+``extract``   the cheapest program of an e-class, by the caller's kernel costs
+"""
 
 from .extract import extract
-from .graph import (
+from .graph import ExpressionGraph, GraphStats, eager_rules
+from .language import (
     CONSTRUCTORS,
-    DEFAULT_BATCH_SIZE,
-    ExpressionGraph,
-    GraphStats,
     IndexListTerm,
     IndexTerm,
     IterListTerm,
@@ -15,16 +18,10 @@ from .graph import (
     ScalarTerm,
     ScopeTerm,
     TensorTerm,
-    eager_rules,
-    from_egglog,
-    from_termdag,
-    to_egglog,
-    to_term,
 )
 
 __all__ = [
     "CONSTRUCTORS",
-    "DEFAULT_BATCH_SIZE",
     "ExpressionGraph",
     "GraphStats",
     "IndexListTerm",
@@ -36,8 +33,4 @@ __all__ = [
     "TensorTerm",
     "eager_rules",
     "extract",
-    "from_egglog",
-    "from_termdag",
-    "to_egglog",
-    "to_term",
 ]

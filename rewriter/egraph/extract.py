@@ -7,10 +7,11 @@ of the nested e-classes it reads cost least. A parent may so combine forms that 
 state holds: one nested scope rewritten in one state, another in another.
 
 ``extract(graph, root, cost)`` reads the e-graph as egglog serialises it (e-nodes with their
-child e-classes). Classes of indices and scalars take their smallest member (egglog's own eager
-rules only simplify index arithmetic there); each member of a class of scopes is costed once,
-with its nested scopes read as placeholder tensors, and the sums are found by passes to a
-fixpoint (the e-graph may have cycles), under a deadline.
+child e-classes), through the language table's reader (``language.Reader``). Classes of indices
+and scalars take their smallest member (egglog's own eager rules only simplify index arithmetic
+there); each member of a class of scopes is costed once, with its nested scopes read as
+placeholder tensors, and the sums are found by passes to a fixpoint (the e-graph may have
+cycles), under a deadline.
 
 ``cost`` is the caller's: ``derive`` passes measured kernel times where a kernel was measured
 and the analytic stand-in, scaled to the measurements, elsewhere (lazy measurement).
@@ -23,9 +24,12 @@ import time
 from collections import defaultdict
 from typing import Callable, Iterable
 
-from rewriter.ir import Access, ExpressionError, Scalar, Scope, Tensor, replace_reads, tensor_shapes
+from rewriter.ir import Access, ExpressionError, Scope, Tensor, replace_reads, tensor_shapes
 
-from .graph import ExpressionGraph, _TermReader
+from .graph import ExpressionGraph
+from .language import CONSTRUCTORS, INDEX_LIST, ITER_LIST, REF, Constructor, Reader
+
+ACCESS, NESTED, MKSCOPE = CONSTRUCTORS["Access"], CONSTRUCTORS["Nested"], CONSTRUCTORS["MkScope"]
 
 INFINITE = float("inf")
 
@@ -40,7 +44,7 @@ class _SerialisedGraph:
         self.members: dict[str, list[str]] = defaultdict(list)
         refs = {}
         for key, node in nodes.items():
-            if node["op"] == "Ref":  # a handle, not a term: it names its e-class
+            if node["op"] == REF.name:  # a handle, not a term: it names its e-class
                 refs[json.loads(nodes[node["children"][0]]["op"])] = node["eclass"]
             elif not node.get("subsumed"):
                 self.members[node["eclass"]].append(key)
@@ -63,14 +67,15 @@ class _SerialisedGraph:
         return size
 
 
-class _Reader(_TermReader):
-    """The IR of e-classes (``term`` ids are e-class ids): every class takes its smallest
-    member, and a read of a nested scope's e-class becomes a read of a placeholder tensor
-    (``placeholders``: e-class -> Tensor, with the scope's lower bounds) so that a member's own
-    kernel is costed apart from the scopes it reads."""
+class _Reader(Reader):
+    """The IR of e-classes (terms are e-class ids): every class takes its smallest member, and a
+    read of a nested scope's e-class becomes a read of a placeholder tensor (``placeholders``:
+    e-class -> Tensor, with the scope's lower bounds) so that a member's own kernel is costed
+    apart from the scopes it reads."""
 
     def __init__(self, graph: _SerialisedGraph):
-        self.graph, self.memo = graph, {}
+        super().__init__()
+        self.graph = graph
         self.placeholders: dict[str, tuple[Tensor, tuple[int, ...]]] = {}
 
     def app(self, eclass: str) -> tuple[str, list[str]]:
@@ -80,26 +85,26 @@ class _Reader(_TermReader):
     def lit(self, eclass: str):
         return json.loads(self.graph.op[self.graph.members[eclass][0]])
 
-    def scalar(self, eclass: str) -> Scalar:
-        name, args = self.app(eclass)
-        source, source_args = self.app(args[0]) if name == "Access" else (None, None)
-        if source != "Nested":
-            return super().scalar(eclass)
-        tensor, lows = self.placeholder(source_args[0])
-        return Access(tensor, tuple(ix - lo if lo else ix for ix, lo in zip(self.index_list(args[1]), lows)))
+    def node(self, row: Constructor, args):
+        if row is ACCESS:
+            source, source_args = self.app(args[0])
+            if source == NESTED.name:
+                tensor, lows = self.placeholder(source_args[0])
+                indices = self.read(INDEX_LIST, args[1])
+                return Access(tensor, tuple(ix - lo if lo else ix for ix, lo in zip(indices, lows)))
+        return super().node(row, args)
 
     def placeholder(self, eclass: str) -> tuple[Tensor, tuple[int, ...]]:
         if eclass not in self.placeholders:
-            node = next(m for m in self.graph.members[eclass] if self.graph.op[m] == "MkScope")
-            traversal = self.iter_list(self.graph.children[node][0])
+            node = next(m for m in self.graph.members[eclass] if self.graph.op[m] == MKSCOPE.name)
+            traversal = self.read(ITER_LIST, self.graph.children[node][0])
             tensor = Tensor(f"_e{len(self.placeholders)}", tuple(it.size for it in traversal))
             self.placeholders[eclass] = tensor, tuple(it.lo for it in traversal)
         return self.placeholders[eclass]
 
     def own(self, node: str) -> Scope:
         """The member ``node`` (a MkScope e-node) with its nested scopes as placeholders."""
-        traversal, summation, body, reduce = self.graph.children[node]
-        return Scope(self.iter_list(traversal), self.iter_list(summation), self.scalar(body), self.lit(reduce))
+        return super().node(MKSCOPE, self.graph.children[node])
 
 
 def extract(
@@ -120,12 +125,12 @@ def extract(
     if handle is None:
         raise ExpressionError("extract: the root scope is not in the e-graph")
     serialised = _SerialisedGraph(graph)
-    root_class = serialised.class_of_handle[int(handle[5:-1])]
+    root_class = serialised.class_of_handle[handle]
     reader, weights = _Reader(serialised), frozenset(weights)
     members: list[tuple[str, str, Scope]] = []  # (e-class, node, own form)
     for eclass, nodes in serialised.members.items():
         for node in nodes:
-            if serialised.op[node] == "MkScope":
+            if serialised.op[node] == MKSCOPE.name:
                 if deadline is not None and time.perf_counter() > deadline:
                     return None
                 members.append((eclass, node, reader.own(node)))
