@@ -3,7 +3,7 @@
     python3 bench/zoo_vs_torch.py [--models srcnn,infogan,...] [--small] [--max-depth 2]
                                   [--subprogram-time-limit 20] [--rounds 10]
 
-Each model is built by ``rewriter.zoo`` as ONNX, imported with ``load_onnx`` and optimized with
+Each model is built by ``rewriter.frontends.zoo`` as ONNX, imported with ``load_onnx`` and optimized with
 ``optimize_program`` (the same path as ``rewriter optimize``). The PyTorch baseline runs the same
 ONNX graph node by node with torch operators (``TorchGraph`` below: a small executor for the ops
 the zoo uses, written for this benchmark; torch.compile traces it into one graph). Both are

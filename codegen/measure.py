@@ -28,6 +28,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, TypeVar
 
+import numpy as np
+
 K = TypeVar("K")
 
 #: A run whose interquartile range exceeds this fraction of its median is noisy.
@@ -117,9 +119,7 @@ def _cpu_model() -> str:
 def _numpy_blas() -> str:
     """numpy's BLAS as ``name version``, or '' when numpy does not say (it is informational)."""
     try:
-        import numpy
-
-        blas = numpy.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         return f"{blas['name']} {blas.get('version', '')}".strip()
     except Exception:  # noqa: BLE001 - an old numpy or an odd build must not stop measuring
         return ""

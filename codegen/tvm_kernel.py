@@ -1,7 +1,7 @@
 """eOperators: any expression ``Scope`` compiled into a CPU kernel with TVM (DESIGN.md, "Instantiation").
 
 ``compile_scope(scope)`` lowers the scope to TVM tensor expressions, applies a loop schedule and
-compiles it with LLVM for the host CPU. The lowering reproduces ``rewriter.reference.evaluate``:
+compiles it with LLVM for the host CPU. The lowering reproduces ``rewriter.semantics.evaluate``:
 
 * every scope is a ``tvm.te.compute`` stage over its own box (element ``[x - lo]`` holds iterator value
   ``x``); a nested scope is a closed term, so equal nested scopes share one stage, evaluated once;
@@ -132,7 +132,7 @@ def _is_reindexing(scope: Scope) -> bool:
 
 
 def _box(scope: Scope) -> dict[str, tuple[int, int]]:
-    return {it.name: (it.lo, it.hi) for it in scope.iterators}
+    return scope.box
 
 
 def _subindices(ix: Index):

@@ -8,18 +8,18 @@ from rewriter.index import (
     read_bounds,
     vanishes_outside,
 )
-from rewriter.ir import Iterator, Scope, Var, accesses, nested_reads, replace_subterm, substitute
+from rewriter.ir import Iterator, Scope, Var, accesses, box, nested_reads, replace_subterm, substitute
 from rewriter.search.dsl import fresh_name, rule
 
 
 def _with_box(scope: Scope, box: dict) -> Scope:
     traversal = tuple(Iterator(it.name, *box[it.name]) for it in scope.traversal)
-    return Scope(traversal, scope.summation, scope.body, scope.reduce)
+    return scope.with_traversal(traversal)
 
 
 def _rebuild(scope: Scope, access, inner: Scope) -> Scope:
     body = replace_subterm(scope.body, access, inner[access.indices])
-    return Scope(scope.traversal, scope.summation, body, scope.reduce)
+    return scope.with_body(body)
 
 
 @rule("boundary tightening", section="4.2")
@@ -34,8 +34,7 @@ def tighten_boundary(scope: Scope):
     for access in nested_reads(scope.body):
         inner = access.source
         support = padding_support(inner)
-        box = {it.name: (it.lo, it.hi) for it in inner.traversal}
-        if support != box and all(hi > lo for lo, hi in support.values()):
+        if support != box(inner.traversal) and all(hi > lo for lo, hi in support.values()):
             yield _rebuild(scope, access, _with_box(inner, support))
 
 
@@ -49,19 +48,19 @@ def relax_boundary(scope: Scope):
     used to fall outside the box and give 0 still give 0. Once every read is inside the box,
     traversal merging can inline the scope.
     """
-    outer = {it.name: (it.lo, it.hi) for it in scope.iterators}
+    outer = scope.box
     for access in nested_reads(scope.body):
         inner = access.source
-        box = {it.name: (it.lo, it.hi) for it in inner.traversal}
-        grown = dict(box)
+        ranges = box(inner.traversal)
+        grown = dict(ranges)
         for it, ix in zip(inner.traversal, access.indices):
             lo, hi = index_bounds(ix, outer)
             grown[it.name] = (min(it.lo, lo), max(it.hi, hi + 1))
-        if grown == box:
+        if grown == ranges:
             continue
         relaxed = _with_box(inner, grown)
         support = padding_support(relaxed)
-        if all(box[n][0] <= lo and hi <= box[n][1] for n, (lo, hi) in support.items()):
+        if all(ranges[n][0] <= lo and hi <= ranges[n][1] for n, (lo, hi) in support.items()):
             yield _rebuild(scope, access, relaxed)
 
 

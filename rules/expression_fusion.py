@@ -1,15 +1,11 @@
 """Expression fusion and merging across the expressions of a program (OLLIE 4.1, Figure 5)."""
 
-from rewriter.ir import Iterator, Program, Scope, Tensor, Var, replace_reads, tensor_shapes
+from rewriter.ir import Iterator, Program, Scope, Tensor, Var, inline, replace_reads, tensor_shapes
 from rewriter.search.dsl import rule
 
 
 def _readers(program: Program, name: str) -> list[str]:
     return [n for n, e in program.definitions if name in tensor_shapes(e)]
-
-
-def _with_body(scope: Scope, body) -> Scope:
-    return Scope(scope.traversal, scope.summation, body, scope.reduce)
 
 
 @rule("expression fusion", section="4.1", kind="inter", takes="program")
@@ -18,7 +14,8 @@ def fuse_expressions(program: Program):
 
         T = L x ; f    and    U = L y ; g(T[pi(y)])    =>    U = L y ; g({ L x ; f }[pi(y)])
 
-    (shifted by the start of x's range when it is not 0: T is stored from 0). The producer becomes a nested scope (still instantiated once), so later derivation can merge
+    (``rewriter.ir.inline``: reads shifted by the start of x's range, T is stored from 0). The
+    producer becomes a nested scope (still instantiated once), so later derivation can merge
     traversals across what were two operators. Not applied to outputs or shared producers.
     """
     defined = dict(program.definitions)
@@ -27,12 +24,7 @@ def fuse_expressions(program: Program):
         if name in program.outputs or len(readers) != 1:
             continue
         consumer = readers[0]
-
-        # a program tensor is stored from 0, a nested scope is read in its iterators' coordinates
-        def read(indices, producer=producer):
-            return producer[tuple(ix + it.lo for ix, it in zip(indices, producer.traversal))]
-
-        fused = _with_body(defined[consumer], replace_reads(defined[consumer].body, name, read))
+        fused = inline(defined[consumer], name, producer)
         definitions = tuple((n, fused if n == consumer else e) for n, e in program.definitions if n != name)
         yield Program(definitions, program.outputs)
 
@@ -46,7 +38,7 @@ def _differ_in_one_input(first: Scope, second: Scope):
     (a,), (b,) = only_a, only_b
     if a_names[a] != b_names[b] or first.traversal != second.traversal:
         return None
-    renamed = _with_body(second, replace_reads(second.body, b, lambda ix: Tensor(a, b_names[b])[ix]))
+    renamed = second.with_body(replace_reads(second.body, b, lambda ix: Tensor(a, b_names[b])[ix]))
     return (a, b) if renamed == first else None
 
 

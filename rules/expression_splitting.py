@@ -21,9 +21,7 @@ def split_expression(scope: Scope):
         halves = []
         for lo, hi in ((it.lo, middle), (middle, it.hi)):
             traversal = scope.traversal[:position] + (Iterator(it.name, lo, hi),) + scope.traversal[position + 1 :]
-            halves.append(
-                Scope(traversal, scope.summation, scope.body, scope.reduce)[tuple(t.var for t in scope.traversal)]
-            )
+            halves.append(scope.with_traversal(traversal)[tuple(t.var for t in scope.traversal)])
         yield Scope(scope.traversal, (), Binary("+", halves[0], halves[1]))
 
 
@@ -56,7 +54,7 @@ def merge_expressions(scope: Scope):
         p, q = first.traversal[k], second.traversal[k]
         if p.name == q.name and p.hi == q.lo:
             merged = first.traversal[:k] + (Iterator(p.name, p.lo, q.hi),) + first.traversal[k + 1 :]
-            whole = Scope(merged, first.summation, first.body, first.reduce)
+            whole = first.with_traversal(merged)
             yield whole if whole.traversal == scope.traversal else Scope(scope.traversal, (), whole[identity])
             return
 
@@ -97,7 +95,7 @@ def merge_concatenation(scope: Scope):
         if any(row[k] != j * steps[k] for j, row in enumerate(shifted) for k in range(len(box)) if k != p):
             continue  # another index does not move by a constant step
         base = terms[order[0]].indices
-        ranges = {it.name: (it.lo, it.hi) for it in scope.iterators}
+        ranges = scope.box
         axes = []
         for k, (klo, khi) in enumerate(box):
             if k == p:
@@ -108,7 +106,7 @@ def merge_concatenation(scope: Scope):
         zp = Var(f"z{p}")
         reads = tuple(Lit(lo) if k == p else simplify(Var(f"z{k}") + steps[k] * (zp - lo)) for k in range(len(box)))
         merged = Scope(tuple(axes), (), Access(source, reads))
-        yield Scope(scope.traversal, scope.summation, Access(merged, tuple(base)), scope.reduce)
+        yield scope.with_body(Access(merged, tuple(base)))
         return
 
 

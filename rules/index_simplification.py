@@ -14,7 +14,7 @@ def simplify_indices(scope: Scope):
     Equal by integer arithmetic on the box, so the value cannot change. Eager: substitutions
     leave such indices behind and the fingerprints read better without them.
     """
-    ranges = {it.name: (it.lo, it.hi) for it in scope.iterators}
+    ranges = scope.box
     body = map_accesses(scope.body, lambda a: Access(a.source, tuple(simplify(ix, ranges) for ix in a.indices)))
     if body != scope.body:
-        yield Scope(scope.traversal, scope.summation, body, scope.reduce)
+        yield scope.with_body(body)

@@ -18,7 +18,7 @@ def merge_traversal(scope: Scope):
     x and y, or when f itself is 0 wherever the reads leave Z (islpy: its padding support over
     the grown box stays inside Z). Eager: it removes the identity scopes that variable substitution leaves behind.
     """
-    box = {it.name: (it.lo, it.hi) for it in scope.iterators}
+    box = scope.box
     for access in nested_reads(scope.body):
         inner = access.source
         if inner.summation or not isinstance(inner.body, Access):
@@ -29,12 +29,12 @@ def merge_traversal(scope: Scope):
         ):
             mapping = {it.name: ix for it, ix in zip(inner.traversal, access.indices)}
             body = replace_subterm(scope.body, access, substitute(inner.body, mapping))
-            yield Scope(scope.traversal, scope.summation, body, scope.reduce)
+            yield scope.with_body(body)
             return
 
 
 def _zero_outside(inner: Scope, reads) -> bool:
     """Whether the inner body is 0 on every point the reads reach outside its box."""
     grown = tuple(Iterator(it.name, min(it.lo, lo), max(it.hi, hi + 1)) for it, (lo, hi) in zip(inner.traversal, reads))
-    support = padding_support(Scope(grown, inner.summation, inner.body, inner.reduce))
+    support = padding_support(inner.with_traversal(grown))
     return all(it.lo <= lo and hi <= it.hi for it, (lo, hi) in zip(inner.traversal, support.values()) if lo < hi)

@@ -6,7 +6,8 @@ first needed, so the package imports without them.
 """
 
 from . import zoo
-from .onnx import Model, OnnxImportError, load_onnx
+from .common import FrontendError, Model
+from .onnx import OnnxImportError, load_onnx
 from .torch import TorchImportError, from_torch
 
-__all__ = ["Model", "OnnxImportError", "TorchImportError", "from_torch", "load_onnx", "zoo"]
+__all__ = ["FrontendError", "Model", "OnnxImportError", "TorchImportError", "from_torch", "load_onnx", "zoo"]

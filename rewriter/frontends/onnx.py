@@ -1,7 +1,7 @@
 """ONNX front-end: an ONNX model as a ``Program`` of the expression IR (DESIGN.md, "Programs and
 models").
 
-    from rewriter.onnx_frontend import load_onnx
+    from rewriter.frontends.onnx import load_onnx
     model = load_onnx("resnet18.onnx")
     outputs = model.run({"input": x})              # ONNX output name -> array
     evaluate(model.program, model.feeds({"input": x}))   # the same through the reference semantics
@@ -25,16 +25,13 @@ from __future__ import annotations
 
 import math
 import os
-import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from rewriter.index import affine_index
 from rewriter.ir import (
-    BINARY_FUNCTIONS,
-    KEYWORDS,
-    UNARY_FUNCTIONS,
     ExpressionError,
     Index,
     Iterator,
@@ -61,57 +58,24 @@ from rewriter.ir.builders import (
     softmax,
     tanh,
 )
-from rewriter.semantics import evaluate
+
+from .common import (
+    FrontendError,
+    Model,
+    Names,
+    batch_norm_affine,
+    elementwise,
+    fold_batch_norm,
+    fresh,
+    iterators,
+    with_extent,
+)
 
 __all__ = ["Model", "OnnxImportError", "load_onnx", "SUPPORTED_OPS"]
 
 
-class OnnxImportError(ExpressionError):
+class OnnxImportError(FrontendError):
     """An ONNX model the front-end cannot translate; the message names the file, node or tensor."""
-
-
-@dataclass(frozen=True, eq=False)
-class Model:
-    """An imported ONNX model.
-
-    ``program`` reads the graph inputs and the weights as named tensors; ``weights`` maps program
-    tensor names to values (only the constants the program reads, BatchNormalization folded in);
-    ``inputs`` maps ONNX graph input names to their static shapes; ``outputs`` are the ONNX output
-    names, in order (``program.outputs`` are their program names); ``names`` maps every ONNX value
-    name the program uses to its program tensor name (ONNX names need not be identifiers).
-    """
-
-    program: Program
-    weights: dict[str, np.ndarray]
-    inputs: dict[str, tuple[int, ...]]
-    outputs: tuple[str, ...]
-    names: dict[str, str]
-    proto: object = field(default=None, repr=False)  # the onnx.ModelProto it was imported from
-
-    def feeds(self, inputs: Mapping[str, object]) -> dict[str, object]:
-        """The program's input tensors for ``evaluate``: ``inputs`` (by ONNX name) and the weights."""
-        missing = sorted(set(self.inputs) - set(inputs))
-        if missing:
-            raise OnnxImportError(f"missing model input(s): {', '.join(missing)}")
-        return {**self.weights, **{self.names[name]: inputs[name] for name in self.inputs}}
-
-    def run(self, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
-        """Evaluate the program (reference semantics) on inputs by ONNX name; outputs by ONNX name."""
-        values = evaluate(self.program, self.feeds(inputs))
-        values = values if isinstance(values, tuple) else (values,)
-        return dict(zip(self.outputs, values))
-
-    def original(self, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
-        """The original model's outputs by ONNX name: onnxruntime's where it is installed (the
-        ONNX semantics, and fast at full size, where the reference semantics of a naive
-        ConvTranspose is slow), else ``run``'s."""
-        try:
-            import onnxruntime
-        except ImportError:
-            return self.run(inputs)
-        session = onnxruntime.InferenceSession(self.proto.SerializeToString(), providers=["CPUExecutionProvider"])
-        feeds = {name: np.asarray(inputs[name], dtype=np.float32) for name in self.inputs}
-        return dict(zip(self.outputs, session.run(list(self.outputs), feeds)))
 
 
 def load_onnx(source, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Model:
@@ -350,25 +314,21 @@ def _batch_norm_mode_ok(bn) -> bool:
 
 
 def _batch_norm_affine(bn, constants) -> tuple[np.ndarray, np.ndarray]:
-    """(scale, shift) per channel of inference-mode BN: y = x*scale + shift."""
+    """(scale, shift) per channel of a BatchNormalization node whose parameters are constants."""
     epsilon = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
-    gamma, beta, mean, var = (constants[name].astype(np.float64) for name in bn.input[1:5])
-    scale = gamma / np.sqrt(var + epsilon)
-    return scale, beta - mean * scale
+    return batch_norm_affine(*(constants[name] for name in bn.input[1:5]), epsilon)
 
 
 def _folded(onnx, conv, bn, constants, taken: set[str]):
+    """The convolution with the batch norm after it folded in, under the batch norm's output name."""
     scale, shift = _batch_norm_affine(bn, constants)
     weight = constants[conv.input[1]]
-    axis = 1 if conv.op_type == "ConvTranspose" else 0
-    shape = [1] * weight.ndim
-    shape[axis] = -1
-    bias = constants[conv.input[2]].astype(np.float64) if len(conv.input) > 2 and conv.input[2] else 0.0
+    bias = constants[conv.input[2]] if len(conv.input) > 2 and conv.input[2] else 0.0
+    folded_weight, folded_bias = fold_batch_norm(
+        weight, bias, scale, shift, 1 if conv.op_type == "ConvTranspose" else 0
+    )
     out = bn.output[0]
-    names = {
-        _fresh(f"{out}_folded_weight", taken): (weight * scale.reshape(shape)).astype(weight.dtype),
-        _fresh(f"{out}_folded_bias", taken): (bias * scale + shift).astype(weight.dtype),
-    }
+    names = {fresh(f"{out}_folded_weight", taken): folded_weight, fresh(f"{out}_folded_bias", taken): folded_bias}
     constants.update(names)
     taken.update(names)
     folded = onnx.NodeProto()
@@ -379,42 +339,8 @@ def _folded(onnx, conv, bn, constants, taken: set[str]):
     return folded
 
 
-def _fresh(name: str, taken) -> str:
-    candidate, k = name, 1
-    while candidate in taken:
-        k += 1
-        candidate = f"{name}_{k}"
-    return candidate
-
-
 # --------------------------------------------------------------------------------------------
 # The build: nodes to definitions
-
-
-_RESERVED = KEYWORDS | set(UNARY_FUNCTIONS) | set(BINARY_FUNCTIONS)
-
-
-class _Names:
-    """ONNX value names -> distinct identifiers of the notation (ONNX allows any string)."""
-
-    def __init__(self):
-        self.ids: dict[str, str] = {}
-        self.taken: set[str] = set()
-
-    def __call__(self, onnx_name: str) -> str:
-        if onnx_name not in self.ids:
-            self.ids[onnx_name] = self.fresh(onnx_name)
-        return self.ids[onnx_name]
-
-    def fresh(self, text: str) -> str:
-        base = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_]", "_", text)).strip("_") or "t"
-        if base[0].isdigit():
-            base = f"t{base}"
-        if base in _RESERVED:
-            base = f"{base}_"
-        name = _fresh(base, self.taken)
-        self.taken.add(name)
-        return name
 
 
 class _Build:
@@ -427,7 +353,7 @@ class _Build:
         self.inputs = inputs
         self.shapes = dict(inputs)  # computed values (graph inputs, node outputs) -> shape
         self.inferred = inferred
-        self.names = _Names()
+        self.names = Names()
         self.weights: dict[str, np.ndarray] = {}
         self.definitions: list[tuple[str, Scope]] = []
 
@@ -531,36 +457,9 @@ class _Node:
 # Small IR helpers
 
 
-def _iterators(shape: Sequence[int], prefix: str = "i") -> tuple[Iterator, ...]:
-    return tuple(Iterator(f"{prefix}{k}", 0, size) for k, size in enumerate(shape))
-
-
-def _elementwise(source: Tensor | Scope, fn: Callable) -> Scope:
-    """``L i0, i1, ... ; fn(source[i0, i1, ...])``."""
-    its = _iterators(source.shape)
-    return Scope(its, (), fn(source[tuple(it.var for it in its)]))
-
-
-def _with_extent(scope: Scope, shape: Sequence[int]) -> Scope:
-    """The scope over a different output extent: reads outside the inputs are 0, so this is how
-    asymmetric padding and output_padding extend (or crop) a builder's symmetric result."""
-    traversal = tuple(Iterator(it.name, 0, size) for it, size in zip(scope.traversal, shape))
-    return Scope(traversal, scope.summation, scope.body, scope.reduce)
-
-
-def _affine(const: int, *terms: tuple[int, str]) -> Index:
-    """``c1*v1 + c2*v2 + ... + const``, unit coefficients and zero terms left out."""
-    index = None
-    for coef, name in terms:
-        if coef:
-            term = Var(name) if coef == 1 else coef * Var(name)
-            index = term if index is None else index + term
-    return Lit(const) if index is None else index + const
-
-
 def _ones(shape: Sequence[int]) -> Scope:
     """``L i0, ... ; 1``: read at an index, 1 inside the shape and 0 outside (a bounds mask)."""
-    return Scope(_iterators(shape), (), Num(1.0))
+    return Scope(iterators(shape), (), Num(1.0))
 
 
 # Max pooling pads with -inf; a padded read is float32's lowest finite value instead.
@@ -622,7 +521,7 @@ def _with_bias(node: _Node, scope: Scope, index: int) -> Scope:
     if not node.has(index):
         return scope
     bias = node.tensor(index)
-    return _elementwise(scope, lambda read: read + bias[Var("i1")])
+    return elementwise(scope, lambda read: read + bias[Var("i1")])
 
 
 def _conv(node: _Node) -> Scope:
@@ -632,7 +531,7 @@ def _conv(node: _Node) -> Scope:
     scope = conv2d(
         x, w, stride=strides, padding=(pads[0][0], pads[1][0]), dilation=dilations, groups=node.attr("group", 1)
     )
-    return _with_bias(node, _with_extent(scope, scope.shape[:2] + out), 2)
+    return _with_bias(node, with_extent(scope, scope.shape[:2] + out), 2)
 
 
 def _conv_transpose(node: _Node) -> Scope:
@@ -652,7 +551,7 @@ def _conv_transpose(node: _Node) -> Scope:
     extra = node.ints("output_padding", default=(0, 0))
     out = tuple(s * (n - 1) + e + k - b - a for n, k, s, e, (b, a) in zip(sizes, kernel, strides, extra, pads))
     scope = conv_transpose2d(x, w, stride=strides, padding=(pads[0][0], pads[1][0]))
-    return _with_bias(node, _with_extent(scope, scope.shape[:2] + out), 2)
+    return _with_bias(node, with_extent(scope, scope.shape[:2] + out), 2)
 
 
 def _pool(kind: str):
@@ -671,7 +570,7 @@ def _pool(kind: str):
         if kernel is None or len(kernel) != 2:
             raise node.error(f"attribute kernel_shape must give 2 sizes, got {kernel}")
         (sh, sw), (dh, dw), pads, (oh, ow) = _window(node, x, kernel)
-        rows, cols = _affine(-pads[0][0], (sh, "h"), (dh, "r")), _affine(-pads[1][0], (sw, "w"), (dw, "s"))
+        rows, cols = affine_index({"h": sh, "r": dh}, -pads[0][0]), affine_index({"w": sw, "s": dw}, -pads[1][0])
         traversal = (
             Iterator("n", 0, x.shape[0]),
             Iterator("c", 0, x.shape[1]),
@@ -710,7 +609,7 @@ def _batch_norm(node: _Node) -> Scope:
         raise node.error(f"input shape {x.shape} does not have {scale.shape[0]} channels on axis 1")
     dtype = params[0].dtype
     s, t = node.weight("scale", scale.astype(dtype)), node.weight("shift", shift.astype(dtype))
-    return _elementwise(x, lambda read: read * s[Var("i1")] + t[Var("i1")])
+    return elementwise(x, lambda read: read * s[Var("i1")] + t[Var("i1")])
 
 
 # --------------------------------------------------------------------------------------------
@@ -745,7 +644,7 @@ def _broadcast_matmul(node: _Node, a: Tensor, b: Tensor) -> Scope:
     cols = (Iterator("j", 0, b.shape[-1]),) if b.rank > 1 else ()
     left = a[tuple(batch_reads(a.shape[:-2]) + [it.var for it in rows] + [Var("k")])]
     right = b[tuple(batch_reads(b.shape[:-2]) + [Var("k")] + [it.var for it in cols])]
-    return Scope(_iterators(batch, "b") + rows + cols, (Iterator("k", 0, k),), left * right)
+    return Scope(iterators(batch, "b") + rows + cols, (Iterator("k", 0, k),), left * right)
 
 
 def _operands(node: _Node, indices: Sequence[int]) -> list:
@@ -788,11 +687,11 @@ def _unary(builder):
 def _leaky_relu(node: _Node) -> Scope:
     """``relu(x) - alpha*relu(-x)``: exact for every alpha (``max(x, alpha*x)`` is not, above 1)."""
     alpha = node.attr("alpha", 0.01)
-    return _elementwise(node.tensor(0), lambda read: Unary("relu", read) - alpha * Unary("relu", -read))
+    return elementwise(node.tensor(0), lambda read: Unary("relu", read) - alpha * Unary("relu", -read))
 
 
 def _identity(node: _Node) -> Scope:
-    return _elementwise(node.tensor(0), lambda read: read)
+    return elementwise(node.tensor(0), lambda read: read)
 
 
 def _softmax(node: _Node) -> Scope:
@@ -810,7 +709,7 @@ def _reduce(builder):
         x = node.tensor(0)
         axes = node.ints("axes", 1)
         if not axes and node.attr("noop_with_empty_axes", 0):
-            return _elementwise(x, lambda read: read)
+            return elementwise(x, lambda read: read)
         return builder(x, axes or None, keepdims=bool(node.attr("keepdims", 1)))
 
     return handle
@@ -840,11 +739,11 @@ def _reshape_reads(src: Sequence[int], dst: Sequence[int]) -> list[Index]:
             else:
                 group_b.append(b.pop(0))
                 size_b *= dst[group_b[-1]]
-        strides, stride = [], 1
+        strides, stride = {}, 1
         for k in reversed(group_b):
-            strides.append((stride, f"i{k}"))
+            strides[f"i{k}"] = stride
             stride *= dst[k]
-        flat = _affine(0, *reversed(strides))
+        flat = affine_index(dict(reversed(strides.items())))
         stride = 1
         for position, k in reversed(list(enumerate(group_a))):
             index = flat if stride == 1 else flat // stride
@@ -856,7 +755,7 @@ def _reshape_reads(src: Sequence[int], dst: Sequence[int]) -> list[Index]:
 def _reshaped(node: _Node, x: Tensor, shape: Sequence[int]) -> Scope:
     if math.prod(shape) != math.prod(x.shape):
         raise node.error(f"cannot reshape {x.shape} to {tuple(shape)}")
-    its = _iterators(shape)
+    its = iterators(shape)
     return Scope(its, (), x[tuple(_reshape_reads(x.shape, shape))])
 
 
@@ -888,7 +787,7 @@ def _transpose(node: _Node) -> Scope:
     reads: list[Index] = [Lit(0)] * x.rank
     for k, axis in enumerate(perm):
         reads[axis] = Var(f"i{k}")
-    return Scope(_iterators([x.shape[a] for a in perm]), (), x[tuple(reads)])
+    return Scope(iterators([x.shape[a] for a in perm]), (), x[tuple(reads)])
 
 
 def _concat(node: _Node) -> Scope:
@@ -904,10 +803,10 @@ def _concat(node: _Node) -> Scope:
     body, offset = None, 0
     for part in parts:
         reads = [Var(f"i{k}") for k in range(rank)]
-        reads[axis] = _affine(-offset, (1, f"i{axis}"))
+        reads[axis] = affine_index({f"i{axis}": 1}, -offset)
         body = part[tuple(reads)] if body is None else body + part[tuple(reads)]
         offset += part.shape[axis]
-    return Scope(_iterators(shape), (), body)
+    return Scope(iterators(shape), (), body)
 
 
 def _slice(node: _Node) -> Scope:
@@ -931,8 +830,8 @@ def _slice(node: _Node) -> Scope:
         shape[axis] = max(0, -(-(end - start) // step))
         if shape[axis] == 0:
             raise node.error(f"the slice of axis {axis} is empty")
-        reads[axis] = _affine(start, (step, f"i{axis}"))
-    return Scope(_iterators(shape), (), x[tuple(reads)])
+        reads[axis] = affine_index({f"i{axis}": step}, start)
+    return Scope(iterators(shape), (), x[tuple(reads)])
 
 
 def _pad(node: _Node) -> Scope:
@@ -956,9 +855,9 @@ def _pad(node: _Node) -> Scope:
             raise node.error("input 2 (constant_value) must be a constant")
         value = float(np.ravel(constant)[0])
     shape = [d + b + e for d, b, e in zip(x.shape, begin, end)]
-    reads = tuple(_affine(-b, (1, f"i{k}")) for k, b in enumerate(begin))
+    reads = tuple(affine_index({f"i{k}": 1}, -b) for k, b in enumerate(begin))
     body = x[reads] if value == 0 else x[reads] + value * (1.0 - _ones(x.shape)[reads])
-    return Scope(_iterators(shape), (), body)
+    return Scope(iterators(shape), (), body)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 ``torch.compile`` backend (DESIGN.md, "Programs and models"). Needs torch (``pip install
 'rewriter[torch]'``); importing this module does not import it.
 
-    from rewriter.torch_frontend import from_torch
+    from rewriter.frontends.torch import from_torch
     model = from_torch(module.eval(), (x,))
     model.run({"x": x.numpy()})                     # FX input name -> array; outputs by FX name
     evaluate(model.program, model.feeds({"x": x.numpy()}))   # the same through the reference semantics
@@ -56,14 +56,15 @@ from rewriter.ir.builders import (
 )
 from rewriter.pipeline import optimize_program
 
-from .onnx import Model, _concat, _elementwise, _iterators, _Names, _pad, _pool, _reshaped, _slice, _transpose
+from .common import FrontendError, Model, Names, batch_norm_affine, elementwise, fold_batch_norm, iterators
+from .onnx import _concat, _pad, _pool, _reshaped, _slice, _transpose
 
 __all__ = ["TorchImportError", "from_torch", "rewriter_backend", "register", "SUPPORTED_OPS"]
 
 BACKEND_NAME = "rewriter"
 
 
-class TorchImportError(ExpressionError):
+class TorchImportError(FrontendError):
     """A module or graph the front-end cannot translate; the message names the FX node or input."""
 
 
@@ -124,7 +125,7 @@ def _check_ops(graph, foldable: set[str]) -> None:
         raise TorchImportError(
             f"{len(unsupported)} node(s) with unsupported operators ({', '.join(kinds)}): "
             + "; ".join(f"{op} node {name!r}" for op, name in unsupported)
-            + ". Supported: rewriter.torch_frontend.SUPPORTED_OPS"
+            + ". Supported: rewriter.frontends.torch.SUPPORTED_OPS"
         )
 
 
@@ -191,7 +192,7 @@ class _Build:
     def __init__(self, constants: dict[str, object], inputs: dict[str, tuple[int, ...]]):
         self.constants = dict(constants)
         self.inputs = inputs
-        self.names = _Names()
+        self.names = Names()
         self.values: dict[str, Tensor] = {name: Tensor(self.names(name), shape) for name, shape in inputs.items()}
         self.weights: dict[str, np.ndarray] = {}
         self.definitions: list[tuple[str, Scope]] = []
@@ -256,7 +257,7 @@ class _Build:
         if any(name == tensor.name for name, _ in self.definitions):
             return tensor.name
         name = self.names.fresh(f"{fx.name}_out")
-        self.definitions.append((name, _elementwise(tensor, lambda read: read)))
+        self.definitions.append((name, elementwise(tensor, lambda read: read)))
         return name
 
 
@@ -361,7 +362,7 @@ def _convolution(node: _Node) -> Scope:
         scope = conv_transpose2d(x, weight, stride, padding, output_padding)
     else:
         scope = conv2d(x, weight, stride, padding, dilation, groups)
-    return scope if bias is None else _elementwise(scope, lambda read: read + bias[Var("i1")])
+    return scope if bias is None else elementwise(scope, lambda read: read + bias[Var("i1")])
 
 
 def _conv_parameters(node: _Node, transposed: bool) -> tuple[Tensor, Tensor | None]:
@@ -373,11 +374,8 @@ def _conv_parameters(node: _Node, transposed: bool) -> tuple[Tensor, Tensor | No
     affine = _only_batch_norm_reader(node) if weight is not None and bias is not None else None
     if affine is None:
         return node.tensor(1), node.tensor(2) if has_bias else None
-    scale, shift = affine
-    shape = [1] * weight.ndim
-    shape[1 if transposed else 0] = -1
-    folded = (weight * scale.reshape(shape)).astype(weight.dtype)
-    return node.weight("folded_weight", folded), node.weight("folded_bias", (bias * scale + shift).astype(weight.dtype))
+    folded_weight, folded_bias = fold_batch_norm(weight, bias, *affine, 1 if transposed else 0)
+    return node.weight("folded_weight", folded_weight), node.weight("folded_bias", folded_bias)
 
 
 def _only_batch_norm_reader(node: _Node) -> tuple[np.ndarray, np.ndarray] | None:
@@ -401,8 +399,7 @@ def _batch_norm_affine(bn: _Node) -> tuple[np.ndarray, np.ndarray] | None:
     beta = bn.const(2) if bn.arg(2) is not None else 0.0
     if any(p is None for p in (gamma, beta, mean, var)):
         return None
-    scale = gamma / np.sqrt(var.astype(np.float64) + bn.arg(6))
-    return scale, beta - mean * scale
+    return batch_norm_affine(gamma, beta, mean, var, bn.arg(6))
 
 
 def _batch_norm(node: _Node) -> Scope | Tensor:
@@ -416,7 +413,7 @@ def _batch_norm(node: _Node) -> Scope | Tensor:
     if affine is not None:
         dtype = node.const(3).dtype
         scale, shift = (node.weight(name, value.astype(dtype)) for name, value in zip(("scale", "shift"), affine))
-        return _elementwise(x, lambda read: read * scale[Var("i1")] + shift[Var("i1")])
+        return elementwise(x, lambda read: read * scale[Var("i1")] + shift[Var("i1")])
     c = Var("i1")
     mean, var = node.tensor(3), node.tensor(4)
 
@@ -425,7 +422,7 @@ def _batch_norm(node: _Node) -> Scope | Tensor:
         out = out * node.tensor(1)[c] if node.arg(1) is not None else out
         return out + node.tensor(2)[c] if node.arg(2) is not None else out
 
-    return _elementwise(x, normalise)
+    return elementwise(x, normalise)
 
 
 # --------------------------------------------------------------------------------------------
@@ -474,13 +471,13 @@ def _unary(builder):
 def _leaky_relu(node: _Node) -> Scope:
     """``relu(x) - slope*relu(-x)``: exact for every slope (``max(x, slope*x)`` is not, above 1)."""
     slope = float(node.arg(1))
-    return _elementwise(node.tensor(0), lambda read: Unary("relu", read) - slope * Unary("relu", -read))
+    return elementwise(node.tensor(0), lambda read: Unary("relu", read) - slope * Unary("relu", -read))
 
 
 def _hardtanh(node: _Node) -> Scope:
     """``min(max(x, low), high)`` as ``-max(-max(x, low), -high)`` (ReLU6 arrives as this)."""
     low, high = float(node.arg(1)), float(node.arg(2))
-    return _elementwise(node.tensor(0), lambda read: -smax(-smax(read, low), -high))
+    return elementwise(node.tensor(0), lambda read: -smax(-smax(read, low), -high))
 
 
 def _reciprocal(node: _Node) -> Scope:
@@ -525,14 +522,14 @@ def _expand(node: _Node) -> Scope:
     reads = tuple(
         Lit(0) if size == 1 and shape[lead + k] != 1 else Var(f"i{lead + k}") for k, size in enumerate(x.shape)
     )
-    return Scope(_iterators(shape), (), x[reads])
+    return Scope(iterators(shape), (), x[reads])
 
 
 def _select(node: _Node) -> Scope:
     """``x.select(dim, index)``: the axis is read at a constant and dropped."""
     x, dim, index = node.tensor(0), node.arg(1) % node.tensor(0).rank, node.arg(2)
     index %= x.shape[dim]
-    its = _iterators(node.shape)
+    its = iterators(node.shape)
     reads = [it.var for it in its]
     reads.insert(dim, Lit(index))
     return Scope(its, (), x[tuple(reads)])

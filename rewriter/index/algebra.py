@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Mapping, Union
 
-from rewriter.ir import ExpressionError, Index, IndexNeg, IndexOp, Iterator, Lit, Var, as_index, index_vars
+from rewriter.ir import ExpressionError, Index, IndexNeg, IndexOp, Iterator, Lit, Var, as_index, box, index_vars
 
 Ranges = Mapping  # name -> (lo, hi), half-open
 
@@ -259,7 +259,7 @@ def simplify(ix: Index, ranges: Ranges | Iterable[Iterator] | None = None) -> In
     if ranges is None:
         return to_index(normalize(ix))
     if not isinstance(ranges, Mapping):
-        ranges = {it.name: (it.lo, it.hi) for it in ranges}
+        ranges = box(ranges)
     # only the index's own iterators matter: a small key, so the cache hits across scopes
     relevant = tuple(sorted((name, tuple(ranges[name])) for name in index_vars(ix) if name in ranges))
     return _simplify_in(ix, relevant)
@@ -365,9 +365,9 @@ def index_bounds(ix: Index, ranges: Ranges | Iterable[Iterator]) -> tuple[int, i
     Interval arithmetic on the normal form, where each iterator appears once (so exact for an
     affine index); every iterator of ``ix`` needs a range.
     """
-    box = ranges if isinstance(ranges, Mapping) else {it.name: (it.lo, it.hi) for it in ranges}
+    ranges = ranges if isinstance(ranges, Mapping) else box(ranges)
     # only the ranges of the index's own iterators matter: that makes the answer cacheable
-    return _bounds_on(ix, tuple((n, tuple(box[n])) for n in sorted(index_vars(ix)) if n in box))
+    return _bounds_on(ix, tuple((n, tuple(ranges[n])) for n in sorted(index_vars(ix)) if n in ranges))
 
 
 @lru_cache(maxsize=1 << 16)

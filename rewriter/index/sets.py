@@ -29,6 +29,7 @@ from rewriter.ir import (
     Tensor,
     Unary,
     as_index,
+    box,
     index_vars,
 )
 
@@ -315,17 +316,17 @@ def padding_support(scope: Scope) -> dict[str, tuple[int, int]]:
 
 @lru_cache(maxsize=1 << 14)
 def _padding_support(scope: Scope) -> tuple:
-    box = {it.name: (it.lo, it.hi) for it in scope.traversal}
+    traversal = box(scope.traversal)
     rename = _positional({it.name: None for it in scope.iterators})
     condition = _support_condition(scope.body, rename)
     if condition is None:
-        return tuple(box.items())
+        return tuple(traversal.items())
     dims = ", ".join(rename[it.name] for it in scope.traversal)
     summed = ", ".join(rename[it.name] for it in scope.summation)
     exists = f"exists ({summed} : {isl_box(scope.summation, rename)} and {condition})" if summed else condition
     support = isl.Set(f"{{ [{dims}] : {isl_box(scope.traversal, rename)} and {exists} }}")
     if support.is_empty():
-        return tuple((name, (lo, lo)) for name, (lo, _) in box.items())
+        return tuple((name, (lo, lo)) for name, (lo, _) in traversal.items())
     return tuple(
         (it.name, (support.dim_min_val(k).to_python(), support.dim_max_val(k).to_python() + 1))
         for k, it in enumerate(scope.traversal)

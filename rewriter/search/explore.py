@@ -3,7 +3,7 @@
 ``explore(expr, max_depth)`` applies every registered explorative rule to every scope of every
 state, level by level (breadth first): a state's depth is the least number of explorative rule
 applications that reaches it. Eager rules run to a fixpoint after each step and cost no depth.
-States are deduplicated by their exact fingerprint (``rewriter.fingerprint``). Because levels are
+States are deduplicated by their exact fingerprint (``rewriter.search.fingerprint``). Because levels are
 complete before the next one starts, the set of states found with ``max_depth = d`` is contained
 in the set found with any larger depth: a state is never pruned because it was first seen near the
 limit (the failure OLLIE's DFS has at depth 10).

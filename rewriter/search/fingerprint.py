@@ -7,7 +7,7 @@
   so reordering or renaming them changes nothing,
 * ``+``, ``*`` and ``max`` chains are flattened and their operands sorted (``a - b`` is
   ``a + -b``), so commutative operand order changes nothing,
-* every index is in the normal form of ``rewriter.indexing``,
+* every index is in the normal form of ``rewriter.index.algebra``,
 * nested scopes are canonical themselves, so a scope-produced tensor is identified by the
   expression that makes it, whatever its iterators were called.
 

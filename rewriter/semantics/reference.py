@@ -286,7 +286,7 @@ def _footprint(scope: Scope, sizes: dict[str, int]) -> int:
     def size(names) -> int:
         return math.prod(sizes[n] for n in names)
 
-    box = {it.name: (it.lo, it.hi) for it in scope.iterators}
+    box = scope.box
 
     def term(body: Scalar) -> int:
         if isinstance(body, Access) and _viewable(body, box):

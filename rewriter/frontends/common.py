@@ -1,0 +1,149 @@
+"""What the front-ends share: the imported ``Model``, identifiers for foreign tensor names,
+batch-norm folding, and small IR helpers for element-wise definitions.
+
+Batch normalization in inference mode is ``x*scale + shift`` per channel; where a convolution is
+its only producer and every parameter is known at build time, it folds into the convolution's
+weight (scaled along the output-channel axis) and bias (OLLIE 5.4: compile-time evaluation).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from rewriter.ir import BINARY_FUNCTIONS, KEYWORDS, UNARY_FUNCTIONS, ExpressionError, Iterator, Program, Scope, Tensor
+from rewriter.semantics import evaluate
+
+
+class FrontendError(ExpressionError):
+    """A model a front-end cannot translate; the message names the file, node or tensor."""
+
+
+@dataclass(frozen=True, eq=False)
+class Model:
+    """An imported model.
+
+    ``program`` reads the graph inputs and the weights as named tensors; ``weights`` maps program
+    tensor names to values (only the constants the program reads, batch norms folded in);
+    ``inputs`` maps the model's input names to their static shapes; ``outputs`` are the model's
+    output names, in order (``program.outputs`` are their program names); ``names`` maps every
+    model value name the program uses to its program tensor name (those names need not be
+    identifiers).
+    """
+
+    program: Program
+    weights: dict[str, np.ndarray]
+    inputs: dict[str, tuple[int, ...]]
+    outputs: tuple[str, ...]
+    names: dict[str, str]
+    proto: object = field(default=None, repr=False)  # the onnx.ModelProto it was imported from, if any
+
+    def feeds(self, inputs: Mapping[str, object]) -> dict[str, object]:
+        """The program's input tensors for ``evaluate``: ``inputs`` (by model name) and the weights."""
+        missing = sorted(set(self.inputs) - set(inputs))
+        if missing:
+            raise FrontendError(f"missing model input(s): {', '.join(missing)}")
+        return {**self.weights, **{self.names[name]: inputs[name] for name in self.inputs}}
+
+    def run(self, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """Evaluate the program (reference semantics) on inputs by model name; outputs by model name."""
+        values = evaluate(self.program, self.feeds(inputs))
+        values = values if isinstance(values, tuple) else (values,)
+        return dict(zip(self.outputs, values))
+
+    def original(self, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """The original model's outputs by name: onnxruntime's for an ONNX model where it is
+        installed (the ONNX semantics, and fast at full size, where the reference semantics of a
+        naive ConvTranspose is slow), else ``run``'s."""
+        try:
+            import onnxruntime  # optional: the reference semantics stand in without it
+        except ImportError:
+            return self.run(inputs)
+        if self.proto is None:
+            return self.run(inputs)
+        session = onnxruntime.InferenceSession(self.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        feeds = {name: np.asarray(inputs[name], dtype=np.float32) for name in self.inputs}
+        return dict(zip(self.outputs, session.run(list(self.outputs), feeds)))
+
+
+# --------------------------------------------------------------------------------------------
+# Names
+
+
+RESERVED = KEYWORDS | set(UNARY_FUNCTIONS) | set(BINARY_FUNCTIONS)
+
+
+def fresh(name: str, taken) -> str:
+    """``name``, or ``name_2``, ``name_3``, ... whichever is not in ``taken``."""
+    candidate, k = name, 1
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}_{k}"
+    return candidate
+
+
+class Names:
+    """Foreign value names -> distinct identifiers of the notation (ONNX allows any string)."""
+
+    def __init__(self):
+        self.ids: dict[str, str] = {}
+        self.taken: set[str] = set()
+
+    def __call__(self, foreign: str) -> str:
+        if foreign not in self.ids:
+            self.ids[foreign] = self.fresh(foreign)
+        return self.ids[foreign]
+
+    def fresh(self, text: str) -> str:
+        base = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_]", "_", text)).strip("_") or "t"
+        if base[0].isdigit():
+            base = f"t{base}"
+        if base in RESERVED:
+            base = f"{base}_"
+        name = fresh(base, self.taken)
+        self.taken.add(name)
+        return name
+
+
+# --------------------------------------------------------------------------------------------
+# Batch normalization
+
+
+def batch_norm_affine(gamma, beta, mean, var, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, shift) per channel of inference-mode batch normalization: y = x*scale + shift."""
+    scale = np.asarray(gamma, np.float64) / np.sqrt(np.asarray(var, np.float64) + epsilon)
+    return scale, np.asarray(beta, np.float64) - np.asarray(mean, np.float64) * scale
+
+
+def fold_batch_norm(weight: np.ndarray, bias, scale, shift, channel_axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """The convolution weight and bias that compute ``conv(x)*scale + shift`` (``bias`` may be
+    0; ``channel_axis`` is the weight's output-channel axis: 0 for a convolution, 1 for a
+    transposed one), in the weight's dtype."""
+    shape = [1] * weight.ndim
+    shape[channel_axis] = -1
+    folded = weight * scale.reshape(shape)
+    return folded.astype(weight.dtype), (np.asarray(bias, np.float64) * scale + shift).astype(weight.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Small IR helpers
+
+
+def iterators(shape: Sequence[int], prefix: str = "i") -> tuple[Iterator, ...]:
+    """``i0:d0, i1:d1, ...`` over a shape."""
+    return tuple(Iterator(f"{prefix}{k}", 0, size) for k, size in enumerate(shape))
+
+
+def elementwise(source: Tensor | Scope, fn: Callable) -> Scope:
+    """``L i0, i1, ... ; fn(source[i0, i1, ...])``."""
+    its = iterators(source.shape)
+    return Scope(its, (), fn(source[tuple(it.var for it in its)]))
+
+
+def with_extent(scope: Scope, shape: Sequence[int]) -> Scope:
+    """The scope over a different output extent: reads outside the inputs are 0, so this is how
+    asymmetric padding and output_padding extend (or crop) a builder's symmetric result."""
+    return scope.with_traversal(Iterator(it.name, 0, size) for it, size in zip(scope.traversal, shape))
