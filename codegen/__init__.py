@@ -1,8 +1,10 @@
 """Code generation: kernel descriptions (``rewriter.lower``) in, executables out.
 
 ``backend`` is what the pipeline sees (compile, measure, device key); ``program`` compiles a
-candidate's kernels into one callable over reused buffers; ``tvm_kernel`` compiles a scope with
-TVM; ``im2col`` runs a matched convolution as one BLAS call; ``measure`` times and remembers.
+candidate's kernels into one callable over reused buffers, racing the implementations each
+operator record lists; ``tvm_kernel`` compiles a scope with TVM; ``im2col`` runs a matched
+convolution as batched BLAS calls, ``band`` a band matmul as blocked batched BLAS calls, both
+copying operands through ``strided`` views; ``measure`` times and remembers.
 """
 
 # Load order: importing any ``rewriter`` module runs the ``rewriter`` package, whose ``derive``

@@ -3,13 +3,13 @@
 ``compile_candidate(candidate, inputs)`` turns a derived candidate (``rewriter.instantiate``) into
 a ``CompiledProgram``:
 
-* Matmul / BatchMatmul kernels call numpy's BLAS on strided views of their operands, in place
-  (the strides the iterator mapping table found; no copies);
-* every other kernel (convolutions, band matmuls, eOperators) is its scope compiled by TVM
-  (``codegen.tvm_kernel``); a convolution also has a library call in the race (im2col + BLAS,
-  ``codegen.im2col``, or numpy's einsum path where its iterators do not form one GEMM), a band
-  matmul the einsum path, and the faster by measurement is kept; ``tune`` adds a few TVM
-  schedules per kernel to the race;
+* a matched operator runs the implementations its record lists for this backend
+  (``Operator.implementations["cpu"]``, ``rewriter.lower.operators``), raced by measurement:
+  "blas" (Matmul / BatchMatmul: numpy's BLAS on strided views of the operands, in place, by
+  the strides the iterator mapping table found), "im2col" (a convolution as im2col + batched
+  BLAS, ``codegen.im2col``), "band" (a band matmul as blocked batched BLAS, ``codegen.band``),
+  "tvm" (its scope compiled by TVM, ``codegen.tvm_kernel``);
+* an eOperator is its scope compiled by TVM; ``tune`` races a few TVM schedules per kernel;
 * kernels that read only weights run once, when ``bind`` is given their values (OLLIE 5.4).
 
 ``measure(db)`` times each distinct kernel once on this device (``codegen.measure``), and the
@@ -28,9 +28,9 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from rewriter.ir import ExpressionError, parse, tensor_shapes
-from rewriter.lower import Candidate, GemmMatch, Kernel, fuse, fusion_pairs, match_operator, run_gemm
-from rewriter.semantics import evaluate
+from rewriter.lower import OPERATORS, Candidate, GemmMatch, Kernel, fuse, fusion_pairs, match_operator, run_gemm
 
+from .band import band_call
 from .im2col import im2col_call
 from .measure import MeasurementDB, signature, time_callable, time_in_turns
 from .tvm_kernel import (
@@ -45,13 +45,28 @@ from .tvm_kernel import (
     load_kernel,
 )
 
-LIBRARY = ("matmul", "batch_matmul")
-DUAL = ("conv2d", "g2bmm", "gbmm")  # kernels with a TVM and a library implementation to race
+BACKEND = "cpu"  # the key of this code generator's implementations in an operator record
+EOP_IMPLEMENTATIONS = ("tvm",)  # an eOperator is compiled from its scope
+
+
+def _blas_call(kernel: Kernel, dtype: str):
+    if not isinstance(kernel.match, GemmMatch):
+        return None
+
+    def call(values, out):
+        run_gemm(kernel.match, values, out.shape, out)
+
+    return call
+
+
+# implementation name -> (kernel, dtype) -> (values, out) -> None, or None where it does not apply
+LIBRARY_CALLS = {"blas": _blas_call, "im2col": im2col_call, "band": band_call}
 
 
 @dataclass
 class Step:
-    """One kernel call: ``impl`` is "blas", "im2col", "tvm" or "numpy"; ``seconds`` its measured median."""
+    """One kernel call: ``impl`` names its implementation ("blas", "im2col", "band", "tvm");
+    ``seconds`` is its measured median."""
 
     kernel: Kernel
     impl: str
@@ -216,8 +231,10 @@ class CompiledProgram:
         return directory
 
 
-def load(directory: str | Path) -> CompiledProgram:
-    """A program saved by ``CompiledProgram.save``, ready to run (nothing is searched again)."""
+def load(directory: str | Path, operators=OPERATORS) -> CompiledProgram:
+    """A program saved by ``CompiledProgram.save``, ready to run (nothing is searched again).
+    Its kernels are matched again against ``operators`` (pass the records of operators that
+    are not registered, if the program uses them)."""
     directory = Path(directory)
     try:
         meta = json.loads((directory / "program.json").read_text())
@@ -226,7 +243,7 @@ def load(directory: str | Path) -> CompiledProgram:
     dtype, steps = meta["dtype"], []
     for entry in meta["kernels"]:
         expr = parse(entry["expr"], {n: tuple(s) for n, s in entry["shapes"].items()})
-        kind, match = match_operator(expr)
+        kind, match = match_operator(expr, operators)
         kernel = Kernel(
             entry["kind"], entry["output"], expr, match if kind == entry["kind"] else None, entry["weight_only"]
         )
@@ -281,31 +298,20 @@ def _aligned(value, dtype: str) -> np.ndarray:
 
 
 def _step(kernel: Kernel, impl: str, dtype: str, library: Path | None = None, schedule: Schedule | None = None) -> Step:
-    if impl == "blas":
-        return Step(kernel, impl, _blas_call(kernel.match))
-    if impl == "numpy":
-        return Step(kernel, impl, _numpy_call(kernel, dtype))
-    if impl == "im2col":
-        return Step(kernel, impl, im2col_call(kernel, dtype))
+    """``kernel`` by the implementation named ``impl``; an ExpressionError where that does not
+    apply to it (a saved program's kernel no operator matches any more, an unknown name)."""
+    if impl in LIBRARY_CALLS:
+        call = LIBRARY_CALLS[impl](kernel, dtype)
+        if call is None:
+            raise ExpressionError(f"implementation {impl!r} does not apply to {kernel}")
+        return Step(kernel, impl, call)
+    if impl != "tvm":
+        raise ExpressionError(f"unknown implementation {impl!r}; known: {', '.join([*LIBRARY_CALLS, 'tvm'])}")
     if library is not None:
         compiled = load_kernel(kernel.expr, library, dtype, schedule or Schedule())
     else:
         compiled = compile_scope(kernel.expr, dtype=dtype, schedule=schedule)
     return Step(kernel, impl, _tvm_call(compiled), compiled)
-
-
-def _blas_call(match: GemmMatch):
-    def call(values, out):
-        run_gemm(match, values, out.shape, out)
-
-    return call
-
-
-def _numpy_call(kernel: Kernel, dtype: str):
-    def call(values, out):
-        out[...] = evaluate(kernel.expr, {n: values[n] for n in tensor_shapes(kernel.expr)}, dtype=np.dtype(dtype))
-
-    return call
 
 
 def _tvm_call(compiled: TvmKernel):
@@ -324,8 +330,9 @@ def compile_candidate(
 ) -> CompiledProgram:
     """``candidate`` compiled; where a kernel has several implementations, the fastest measured.
 
-    Convolutions race TVM against im2col + BLAS, band matmuls against numpy's contraction;
-    with ``tune`` > 0 every TVM kernel also races up to ``tune`` schedules
+    A matched operator races the implementations its record lists for this backend (a
+    convolution: im2col + BLAS and TVM; a band matmul: blocked BLAS and TVM); with ``tune`` > 0
+    every TVM kernel also races up to ``tune`` schedules
     (``candidate_schedules``: tile, vector width, parallel loops, unrolling), each measured
     once per device in ``db``. A candidate that post-processing fused (``candidate.unfused``)
     starts from its unfused kernels, and each eOperator fusion is kept only where the fused
@@ -338,19 +345,32 @@ def compile_candidate(
     return CompiledProgram(steps, dict(inputs), dtype, source=candidate.source)
 
 
+def implementations(kernel: Kernel) -> tuple[str, ...]:
+    """The implementation names this backend races for ``kernel``: its operator record's (an
+    eOperator, or an operator that lists none for this backend: TVM)."""
+    listed = kernel.operator.implementations.get(BACKEND) if kernel.operator is not None else None
+    return tuple(listed) if listed else EOP_IMPLEMENTATIONS
+
+
 def _fastest(kernel: Kernel, dtype: str, db: MeasurementDB | None, tune: int) -> Step:
-    """The kernel's fastest implementation by measurement (BLAS for matched Matmuls)."""
-    if kernel.kind in LIBRARY:
-        return _step(kernel, "blas", dtype)
-    options = []
-    for schedule in candidate_schedules(kernel.expr, tune) if tune > 0 else [None]:
-        try:
-            options.append(_step(kernel, "tvm", dtype, schedule=schedule))
-        except CodegenError:
-            pass  # TVM refused this one: the others (or numpy's path) remain
-    if kernel.kind in DUAL or not options:
-        # a convolution's library call is im2col + BLAS where its iterators allow, else einsum
-        options.append(_step(kernel, "im2col" if im2col_call(kernel, dtype) else "numpy", dtype))
+    """The kernel's fastest implementation by measurement (one alone is not measured)."""
+    options, refused = [], []
+    for impl in implementations(kernel):
+        if impl != "tvm":
+            call = LIBRARY_CALLS[impl](kernel, dtype)
+            options += [Step(kernel, impl, call)] if call is not None else []
+            continue
+        for schedule in candidate_schedules(kernel.expr, tune) if tune > 0 else [None]:
+            try:
+                options.append(_step(kernel, "tvm", dtype, schedule=schedule))
+            except CodegenError as err:
+                refused.append(err)  # TVM refused this one: the others remain
+    if not options:
+        raise (
+            refused[0]
+            if refused
+            else CodegenError(f"no implementation of {implementations(kernel)} applies to {kernel}")
+        )
     if len(options) > 1 and not kernel.weight_only:
         CompiledProgram(options, {}, dtype).measure(db)
         options.sort(key=lambda s: s.seconds)

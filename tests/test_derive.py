@@ -5,12 +5,20 @@ import math
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from strategies import expressions
 
 from rewriter import conv2d, derive, evaluate, matmul, parse, tensor_shapes
 from rewriter.cases import CASES
-from rewriter.lower import instantiate, match_conv, match_gemm
+from rewriter.lower import BATCH_MATMUL, CONV2D, G2BMM, GBMM, MATMUL, instantiate, match_operator
 from rewriter.testing import random_inputs
+from rewriter.testing.strategies import expressions
+
+
+def match_gemm(scope):
+    return match_operator(scope, (MATMUL, BATCH_MATMUL))[1]
+
+
+def match_band(scope):
+    return match_operator(scope, (G2BMM, GBMM))[1]
 
 
 def test_conv3x3_becomes_one_matmul_and_an_offset_add():
@@ -56,15 +64,25 @@ def test_any_expression_gets_at_least_the_identity_candidate():
     assert derivation.candidates and all(k.kind == "eop" for k in derivation.best.kernels)
 
 
-@settings(max_examples=40)
-@given(expressions(max_traversal=2, max_summation=2))
-def test_every_candidate_is_verified_on_generated_expressions(expr):
-    derivation = derive(expr, max_depth=1, backend="reference")
-    assert derivation.rejected == []
-    inputs = random_inputs(expr, 3)
-    expected = evaluate(expr, inputs)
-    for candidate in derivation.candidates:
-        np.testing.assert_allclose(candidate(**inputs), expected, rtol=1e-8, atol=1e-8)
+def test_every_candidate_is_verified_on_generated_expressions():
+    """Every candidate derive returns computes the expression. Only the identity (which always
+    does) comes back for most small expressions at depth 1; with a summation about 0.4 of them
+    have others (measured), and the test needs some: at least 0.15 of the examples."""
+    derived = []
+
+    @settings(max_examples=40)
+    @given(expressions(max_traversal=2, min_summation=1, max_summation=2))
+    def check(expr):
+        derivation = derive(expr, max_depth=1, backend="reference")
+        assert derivation.rejected == []
+        inputs = random_inputs(expr, 3)
+        expected = evaluate(expr, inputs)
+        for candidate in derivation.candidates:
+            np.testing.assert_allclose(candidate(**inputs), expected, rtol=1e-8, atol=1e-8)
+        derived.append(len(derivation.candidates) > 1)
+
+    check()
+    assert sum(derived) >= 0.15 * 40, f"{sum(derived)} of {len(derived)} examples had a derived candidate"
 
 
 def test_convtranspose_becomes_one_matmul_and_one_eoperator():
@@ -137,11 +155,12 @@ def test_weight_only_kernels_are_marked():
 
 
 def test_convolutions_match_the_conv2d_table_with_stride_and_dilation():
-    match = match_conv(conv2d((1, 4, 9, 9), (6, 4, 3, 3), stride=2, dilation=2, padding=1))
+    match = CONV2D.match(conv2d((1, 4, 9, 9), (6, 4, 3, 3), stride=2, dilation=2, padding=1))
     assert match is not None and match.spatial == (("h", "r", 2, 2), ("w", "s", 2, 2))
-    assert match_conv(CASES["conv5x5"].expression()) is not None
-    assert match_conv(CASES["convtranspose"].expression()) is None  # its kernel index runs backwards
-    assert match_conv(matmul((3, 4), (4, 5))) is None
+    assert match.structure == (((3, 2), (3, 2)),)
+    assert CONV2D.match(CASES["conv5x5"].expression()) is not None
+    assert CONV2D.match(CASES["convtranspose"].expression()) is None  # its kernel index runs backwards
+    assert CONV2D.match(matmul((3, 4), (4, 5))) is None
     expr = conv2d((1, 3, 6, 6), (2, 3, 3, 3), padding=1)
     inputs = random_inputs(expr, 4)
     candidate = instantiate(expr)
@@ -151,7 +170,6 @@ def test_convolutions_match_the_conv2d_table_with_stride_and_dilation():
 
 def test_band_matmuls_match_the_g2bmm_and_gbmm_tables():
     from rewriter import g2bmm, gbmm
-    from rewriter.lower import match_band
 
     dilated = match_band(CASES["g2bmm"].expression())
     assert (dilated.kind, dilated.dilation) == ("g2bmm", 4)

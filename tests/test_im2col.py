@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from codegen.im2col import im2col_call
 from codegen.program import compile_candidate
 from rewriter import evaluate, parse
-from rewriter.lower import Candidate, Kernel, instantiate, match_conv
+from rewriter.lower import CONV2D, Candidate, Kernel, instantiate
 
 
 @st.composite
@@ -36,7 +36,7 @@ def convolutions(draw):
 @settings(max_examples=60, deadline=None)
 @given(convolutions(), st.integers(0, 2**32 - 1))
 def test_im2col_computes_the_convolution(expr, seed):
-    kernel = Kernel("conv2d", "out", expr, match_conv(expr))  # degenerate sizes would match matmul first
+    kernel = Kernel("conv2d", "out", expr, CONV2D.match(expr))  # degenerate sizes would match matmul first
     assert kernel.match is not None, str(expr)
     call = im2col_call(kernel, "float64")
     assert call is not None, str(expr)
@@ -49,10 +49,11 @@ def test_im2col_computes_the_convolution(expr, seed):
         values = {name: v[::-1].copy() for name, v in values.items()}
 
 
-def test_a_batch_read_by_both_operands_is_not_one_gemm():
+def test_a_kernel_that_is_no_convolution_has_no_im2col_call():
+    """A 1-D convolution is no Conv2d (its table lists two windows): an eOperator, for TVM."""
     expr = parse("L g:2, f:3, h:4 ; S c:2, r:3 ; X[g, c, h+r] * W[g, f, c, r]", {"X": (2, 2, 6), "W": (2, 3, 2, 3)})
     kernel = instantiate(expr).kernels[0]
-    assert im2col_call(kernel, "float32") is None
+    assert kernel.kind == "eop" and im2col_call(kernel, "float32") is None
 
 
 def test_a_compiled_convolution_races_im2col_against_tvm_and_computes_the_convolution():

@@ -1,46 +1,69 @@
 """Instantiation (OLLIE 4.3): scopes become operator calls or eOperators, then post-processing.
 
-``operators`` holds the matchable operators' iterator mapping tables; ``instantiate`` turns an
-expression into a ``Candidate`` (kernels in execution order). Depends on ``rewriter.ir``,
-``rewriter.index`` and ``rewriter.semantics``.
+* ``tables``: iterator mapping tables (Table 2) and the matching step every operator shares;
+* ``operators``: one record per matchable operator (table, constraints, implementations,
+  flops) and ``match_operator``; adding an operator is adding a record there;
+* ``layouts``: layout eOperators that let an operator match re-laid-out operands;
+* ``kernels``: ``Kernel`` and ``Candidate`` (kernels in execution order);
+* ``instantiate``: an expression to a ``Candidate``; ``postprocess``: OLLIE 5.4.
+
+Depends on ``rewriter.ir``, ``rewriter.index`` and ``rewriter.semantics``.
 """
 
-from .instantiate import (
+from .instantiate import instantiate, wants_operator
+from .kernels import Candidate, Kernel
+from .operators import (
+    BATCH_MATMUL,
+    CONV2D,
+    G2BMM,
+    GBMM,
+    MATMUL,
+    OPERATORS,
     BandMatch,
-    Candidate,
     ConvMatch,
     GemmMatch,
-    Kernel,
     Operand,
-    fuse,
-    fusion_pairs,
-    instantiate,
-    mark_weight_only,
-    match_band,
-    match_conv,
-    match_gemm,
+    Operator,
+    band_constraints,
+    conv_constraints,
+    gemm_constraints,
     match_operator,
-    postprocess,
-    rename_tensor,
+    point_flops,
     run_gemm,
-    wants_operator,
 )
+from .postprocess import fuse, fusion_pairs, mark_weight_only, postprocess, rename_tensor
+from .tables import Filled, Group, IndexForm, IteratorTable, Read, Window, fill
 
 __all__ = [
+    "BATCH_MATMUL",
+    "CONV2D",
+    "G2BMM",
+    "GBMM",
+    "MATMUL",
+    "OPERATORS",
     "BandMatch",
     "Candidate",
     "ConvMatch",
+    "Filled",
     "GemmMatch",
+    "Group",
+    "IndexForm",
+    "IteratorTable",
     "Kernel",
     "Operand",
+    "Operator",
+    "Read",
+    "Window",
+    "band_constraints",
+    "conv_constraints",
+    "fill",
     "fuse",
     "fusion_pairs",
+    "gemm_constraints",
     "instantiate",
     "mark_weight_only",
-    "match_band",
-    "match_conv",
-    "match_gemm",
     "match_operator",
+    "point_flops",
     "postprocess",
     "rename_tensor",
     "run_gemm",

@@ -1,7 +1,9 @@
 """Guided derivation (OLLIE 5.2): steps toward operators, free of the depth budget.
 
 From a search state, the guided rules are applied to the scopes that have an operator's shape but
-match no operator table yet (``guided``). And the best candidates' summing eOperators are made
+match no operator table yet (``guided``), each rule that takes a target once toward every
+operator record (OLLIE Algorithm 2, GUIDEDDERIVE(E, T) for T in the operators: the rule is given
+T's iterator mapping table). And the best candidates' summing eOperators are made
 lighter: each replaced by the explorative rule result that sums over the fewest points
 (``lightened``: an OffsetAdd over every input position tightened to the taps that meet each
 output point).
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rewriter.ir import Scope, replace_at, scopes_at
-from rewriter.lower import match_operator, wants_operator
+from rewriter.lower import OPERATORS, match_operator, wants_operator
 from rewriter.search import State, Step, eager_closure, fingerprint
 
 from .select import Extracted
@@ -24,19 +26,26 @@ class Guide:
     """What guided derivation proposes for one scope, memoised (states share most of their
     scopes): the guided rules' results where the scope has an operator's shape but matches no
     operator table yet (``proposals``), and the explorative rule result that makes a summing
-    eOperator sum over the fewest points (``lighter``)."""
+    eOperator sum over the fewest points (``lighter``). ``targets``: the iterator mapping
+    tables of the operators guided rules derive toward."""
 
     guided: list
     explorative: list
     eager: list
+    targets: tuple = tuple(operator.table for operator in OPERATORS)
     memo: dict = field(default_factory=dict)  # eager rule results per scope
     proposed: dict = field(default_factory=dict)
     lightest: dict = field(default_factory=dict)
 
     def proposals(self, scope: Scope) -> list:
+        """(rule, result) for each distinct result of a guided rule on ``scope``."""
         if scope not in self.proposed:
-            wanted = wants_operator(scope)
-            self.proposed[scope] = [(r, x) for r in self.guided for x in r.apply(scope)] if wanted else []
+            found = {}
+            for rule_ in self.guided if wants_operator(scope) else ():
+                for target in self.targets if rule_.targets else (None,):
+                    for result in rule_.apply(scope, target=target):
+                        found.setdefault(result, rule_)  # two targets often ask for one layout
+            self.proposed[scope] = [(r, x) for x, r in found.items()]
         return self.proposed[scope]
 
     def lighter(self, scope: Scope) -> tuple | None:

@@ -58,16 +58,10 @@ def diverse(ranked: list[Candidate]) -> list[Candidate]:
 
 
 def _structure(kernel: Kernel) -> tuple:
-    """A kernel's kind and its operator's parameters (a convolution's kernel extent and
-    dilation, a band matmul's dilation): a dilated and a plain convolution are different
-    structures, two layouts of the same eOperator are not."""
-    match = kernel.match
-    if kernel.kind == "conv2d":
-        sizes = {it.name: it.size for it in kernel.expr.iterators}
-        return kernel.kind, tuple((sizes[r], dilation) for _, r, _, dilation in match.spatial)
-    if kernel.kind in ("g2bmm", "gbmm"):
-        return kernel.kind, match.dilation
-    return (kernel.kind,)
+    """A kernel's kind and its operator's structural parameters (``match.structure``: a
+    convolution's kernel extents and dilations, a band matmul's dilation): a dilated and a
+    plain convolution are different structures, two layouts of the same eOperator are not."""
+    return (kernel.kind,) if kernel.match is None else (kernel.kind, *kernel.match.structure)
 
 
 def key(candidate: Candidate) -> tuple:

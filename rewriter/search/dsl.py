@@ -13,9 +13,12 @@ A parametric rule is a Python generator from a scope to equivalent scopes::
 The engine applies every registered rule to every scope of a state (the root and each nested
 scope), so a rule only ever looks at one scope. Kinds: ``explorative`` rules cost one unit of
 ``max_depth``; ``eager`` rules (traversal merging, simplification) are applied to a fixpoint after
-every step and cost nothing; ``guided`` rules are proposed by operator matching (later issue);
-``inter`` rules are OLLIE's inter-expression rules (splitting, merging, fusion), which the
-program-level optimizer applies before derivation (Algorithm 1); they may take a Program.
+every step and cost nothing; ``guided`` rules are applied by guided derivation (OLLIE 5.2) to
+scopes that have an operator's shape but match no operator; one declared with ``targets=True``
+takes the target operator's iterator mapping table as a second argument (OLLIE's
+GUIDEDDERIVE(E, T)) and proposes nothing without one; ``inter`` rules are OLLIE's
+inter-expression rules (splitting, merging, fusion), which the program-level optimizer applies
+before derivation (Algorithm 1); they may take a Program.
 
 A pattern rule is an egglog rewrite over the term classes of ``rewriter.egraph`` and runs natively
 inside the e-graph: ``pattern("x * 1", section=..., rewrite=rewrite(x * one).to(x))``.
@@ -52,14 +55,20 @@ class Rule:
     generate: Callable[[Scope], Iterable[Scope]] | None = field(default=None, compare=False)
     rewrites: tuple = field(default=(), compare=False)
     takes: str = "scope"  # "scope", or "program" for inter-expression rules over a Program
+    targets: bool = False  # a guided rule that takes the target operator's iterator mapping table
 
-    def apply(self, scope: Scope | Program) -> list:
-        """Every right-hand side of the rule on ``scope``, each checked to have the same outputs."""
+    def apply(self, scope: Scope | Program, target=None) -> list:
+        """Every right-hand side of the rule on ``scope``, each checked to have the same outputs.
+        ``target``: for a rule declared with ``targets=True``, the iterator mapping table of the
+        operator the scope is guided toward (passed as the generator's second argument; without
+        one such a rule proposes nothing); other rules ignore it."""
         if self.generate is None or isinstance(scope, Program) != (self.takes == "program"):
+            return []
+        if self.targets and target is None:
             return []
         results = []
         try:
-            for result in self.generate(scope):
+            for result in self.generate(scope, target) if self.targets else self.generate(scope):
                 if not isinstance(result, type(scope)):
                     raise RuleError(f"rule {self.name!r} yielded {type(result).__name__}, not a {type(scope).__name__}")
                 if isinstance(scope, Program):
@@ -117,18 +126,31 @@ def _register(rule_: Rule, register: bool = True) -> Rule:
     return rule_
 
 
-def rule(name: str, *, section: str, kind: str = "explorative", takes: str = "scope", register: bool = True):
+def rule(
+    name: str,
+    *,
+    section: str,
+    kind: str = "explorative",
+    takes: str = "scope",
+    targets: bool = False,
+    register: bool = True,
+):
     """Declare a parametric rule: decorate a generator ``scope -> equivalent scopes``.
 
     ``takes="program"`` declares an inter-expression rule over whole Programs instead.
+    ``targets=True`` (guided rules only) declares a generator ``(scope, target) -> scopes`` that
+    derives toward the operator whose iterator mapping table is ``target`` (OLLIE 5.2).
     ``register=False`` checks the declaration but keeps the rule out of the engine's registry
     (for experiments and tests; pass it to ``explore(rules=...)`` explicitly).
     """
     if takes not in ("scope", "program"):
         raise RuleError(f"rule {name!r}: takes must be 'scope' or 'program', got {takes!r}")
+    if targets and kind != "guided":
+        raise RuleError(f"rule {name!r}: only guided rules take a target operator, this one is {kind!r}")
 
     def decorate(fn: Callable[[Scope], Iterable[Scope]]) -> Rule:
-        return _register(Rule(name, section, kind, fn.__doc__ or "", generate=fn, takes=takes), register)
+        declared = Rule(name, section, kind, fn.__doc__ or "", generate=fn, takes=takes, targets=targets)
+        return _register(declared, register)
 
     return decorate
 

@@ -1,0 +1,110 @@
+"""Kernels and candidates: what instantiation (OLLIE 4.3) hands to code generation.
+
+A ``Kernel`` is ``output = expr`` with the operator it matched (``match``, carrying its record)
+or none (an eOperator, compiled from its scope). A ``Candidate`` is kernels in execution order,
+callable on inputs (BLAS for GEMMs, the reference semantics for every other kernel: for
+checking, never for speed), with an analytic ``cost`` (flops and bytes) that codegen's
+measurements replace.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from rewriter.ir import Binary, Scalar, Scope, Unary, nested_scopes, rename_tensors, tensor_shapes
+from rewriter.semantics import evaluate
+
+from .operators import GemmMatch, Operator, match_operator, run_gemm
+
+# The analytic stand-in for measured cost (seconds): a BLAS rate, a generated-kernel rate and
+# memory bandwidth of a small CPU. Codegen's measurements replace ``Candidate.cost``.
+BLAS_FLOPS = 5e10
+EOP_OPS = 2e9
+BYTES_PER_SECOND = 1e10
+LAUNCH_SECONDS = 5e-6  # every kernel call costs something, however small
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel: ``output = expr`` where expr reads inputs and earlier kernels' outputs by name."""
+
+    kind: str  # an operator's kind ("matmul", "conv2d", ...), or "eop" (an eOperator)
+    output: str
+    expr: Scope
+    match: object | None = None  # the operator's match (GemmMatch, ConvMatch, BandMatch, ...)
+    weight_only: bool = False  # reads only weights: evaluated once at build time (5.4)
+
+    @property
+    def operator(self) -> Operator | None:
+        """The matched operator's record, None for an eOperator."""
+        return None if self.match is None else self.match.operator
+
+    @property
+    def cost(self) -> float:
+        """Analytic stand-in: compute time plus the bytes the kernel reads and writes."""
+        moved = 4 * (math.prod(self.expr.shape) + sum(math.prod(s) for s in tensor_shapes(self.expr).values()))
+        fixed = LAUNCH_SECONDS + moved / BYTES_PER_SECOND
+        if self.operator is not None:
+            return self.operator.flops(self.expr) / BLAS_FLOPS + fixed
+        # a fused eOperator still computes its nested scopes (once each): count their work too
+        work = sum(
+            math.prod(it.size for it in s.iterators) * _op_count(s.body) for s in (self.expr, *nested_scopes(self.expr))
+        )
+        return work / EOP_OPS + fixed
+
+    def with_expr(self, expr: Scope) -> Kernel:
+        """The same kernel over a renamed expression (matched again, by its own operator: the
+        tensor names are in the match)."""
+        if self.kind == "eop":
+            return Kernel("eop", self.output, expr, None, self.weight_only)
+        kind, match = match_operator(expr, None if self.operator is None else (self.operator,))
+        return Kernel(kind, self.output, expr, match, self.weight_only)
+
+    def renamed(self, names: dict[str, str]) -> Kernel:
+        """The same kernel reading and writing the tensors ``names`` maps to (others unchanged)."""
+        return replace(self, output=names.get(self.output, self.output)).with_expr(rename_tensors(self.expr, names))
+
+    def __str__(self) -> str:
+        marks = " (weights only)" if self.weight_only else ""
+        return f"{self.output} = {self.kind}{marks}: {self.expr}"
+
+
+def _op_count(body: Scalar) -> int:
+    if isinstance(body, Unary):
+        return 1 + _op_count(body.arg)
+    if isinstance(body, Binary):
+        return 1 + _op_count(body.lhs) + _op_count(body.rhs)
+    return 1
+
+
+@dataclass
+class Candidate:
+    """A program of kernels equivalent to the expression it was derived from."""
+
+    kernels: list[Kernel]
+    source: object = field(default=None, repr=False)  # the search state it came from
+    unfused: list[Kernel] | None = field(default=None, repr=False)  # before eOperator fusion (5.4)
+
+    @property
+    def output(self) -> str:
+        return self.kernels[-1].output
+
+    @property
+    def cost(self) -> float:
+        return sum(k.cost for k in self.kernels)
+
+    def __call__(self, **inputs) -> np.ndarray:
+        values = {name: np.asarray(value, dtype=np.float64) for name, value in inputs.items()}
+        for kernel in self.kernels:
+            if isinstance(kernel.match, GemmMatch):
+                values[kernel.output] = run_gemm(kernel.match, values, kernel.expr.shape)
+            else:
+                needed = {name: values[name] for name in tensor_shapes(kernel.expr)}
+                values[kernel.output] = evaluate(kernel.expr, needed)
+        return values[self.output]
+
+    def __str__(self) -> str:
+        return "\n".join(str(k) for k in self.kernels)

@@ -1,0 +1,121 @@
+"""Post-processing (OLLIE 5.4): identity eOperators dropped, an eOperator fused into the
+eOperator that alone reads it, kernels that read only weights marked for compile-time
+evaluation.
+"""
+
+from __future__ import annotations
+
+from rewriter.ir import Access, Scope, Tensor, replace_reads, tensor_shapes
+
+from .kernels import Candidate, Kernel
+
+
+def postprocess(candidate: Candidate, weights=()) -> Candidate:
+    """Drop identity eOperators, fuse an eOperator into the eOperator that alone reads it, and
+    mark kernels that read only weights (``weights``: input names) for compile-time evaluation.
+
+    The result also carries ``unfused``: the same program before eOperator fusion (None when
+    nothing fused), so that code generation can fuse only where that measures faster."""
+    kernels = list(candidate.kernels)
+    while _drop_identity(kernels):
+        pass
+    unfused = list(kernels)
+    while _fuse_eops(kernels) or _drop_identity(kernels):
+        pass
+    fused = len(kernels) < len(unfused)
+    return Candidate(
+        mark_weight_only(kernels, weights), candidate.source, mark_weight_only(unfused, weights) if fused else None
+    )
+
+
+def mark_weight_only(kernels: list[Kernel], weights) -> list[Kernel]:
+    """``kernels`` with those that read only weights (and their products) marked weight-only;
+    the program's final kernel is never marked."""
+    constant, marked = set(weights), []
+    for kernel in kernels:
+        only = kernel.output != kernels[-1].output and set(tensor_shapes(kernel.expr)) <= constant
+        if only:
+            constant.add(kernel.output)
+        marked.append(Kernel(kernel.kind, kernel.output, kernel.expr, kernel.match, only))
+    return marked
+
+
+def _readers(kernels: list[Kernel], name: str) -> list[int]:
+    return [k for k, kernel in enumerate(kernels) if name in tensor_shapes(kernel.expr)]
+
+
+def _drop_identity(kernels: list[Kernel]) -> bool:
+    """An eOperator that copies a tensor element for element (flattened, the map is x -> x):
+    its readers read the source instead; a final copy of a kernel's output renames that output."""
+    produced = {k.output: k for k in kernels}
+    for index, kernel in enumerate(kernels):
+        source = _copied(kernel)
+        if source is None:
+            continue
+        if index < len(kernels) - 1:
+            _rename_reads(kernels, kernel.output, source)
+        elif source in produced:
+            producer = produced[source]
+            kernels[kernels.index(producer)] = Kernel(
+                producer.kind, kernel.output, producer.expr, producer.match, producer.weight_only
+            )
+            _rename_reads(kernels, source, kernel.output)
+        else:
+            continue  # the whole program copies an input: that copy is the program
+        del kernels[index]
+        return True
+    return False
+
+
+def _copied(kernel: Kernel) -> str | None:
+    """The tensor an eOperator copies unchanged, or None."""
+    expr, body = kernel.expr, kernel.expr.body
+    if kernel.kind != "eop" or expr.summation or not isinstance(body, Access) or not isinstance(body.source, Tensor):
+        return None
+    identity = tuple(it.var - it.lo if it.lo else it.var for it in expr.traversal)
+    return body.source.name if body.source.shape == expr.shape and body.indices == identity else None
+
+
+def _rename_reads(kernels: list[Kernel], old: str, new: str) -> None:
+    """Readers of ``old`` read ``new`` (a tensor of the same shape) instead."""
+    for k in _readers(kernels, old):
+        reader = kernels[k]
+        tensor = Tensor(new, tensor_shapes(reader.expr)[old])
+        kernels[k] = reader.with_expr(rename_tensor(reader.expr, old, tensor))
+
+
+def fusion_pairs(kernels: list[Kernel]) -> list[tuple[int, int]]:
+    """(producer, consumer) positions where an eOperator is read by exactly one later kernel,
+    itself an eOperator: the pairs eOperator fusion may merge."""
+    pairs = []
+    for index, producer in enumerate(kernels[:-1]):
+        readers = _readers(kernels, producer.output)
+        if producer.kind == "eop" and len(readers) == 1 and kernels[readers[0]].kind == "eop":
+            pairs.append((index, readers[0]))
+    return pairs
+
+
+def fuse(producer: Kernel, consumer: Kernel) -> Kernel:
+    """eOperator fusion: ``consumer`` with its reads of ``producer`` replaced by the producer's
+    expression (a nested scope, which code generation computes once as a stage)."""
+
+    def read(indices, scope=producer.expr):
+        return scope[tuple(ix + it.lo for ix, it in zip(indices, scope.traversal))]
+
+    expr = consumer.expr
+    fused = Scope(expr.traversal, expr.summation, replace_reads(expr.body, producer.output, read), expr.reduce)
+    return Kernel("eop", consumer.output, fused, weight_only=producer.weight_only and consumer.weight_only)
+
+
+def _fuse_eops(kernels: list[Kernel]) -> bool:
+    pairs = fusion_pairs(kernels)
+    if not pairs:
+        return False
+    producer, consumer = pairs[0]
+    kernels[consumer] = fuse(kernels[producer], kernels[consumer])
+    del kernels[producer]
+    return True
+
+
+def rename_tensor(scope: Scope, name: str, tensor: Tensor) -> Scope:
+    return Scope(scope.traversal, scope.summation, replace_reads(scope.body, name, lambda ix: tensor[ix]), scope.reduce)
