@@ -30,7 +30,7 @@ from typing import Mapping
 
 import numpy as np
 
-from rewriter.index import affine_coefficients, index_bounds
+from rewriter.index import affine_coefficients, index_bounds, row_major
 from rewriter.ir import (
     Access,
     Binary,
@@ -387,7 +387,7 @@ def _fits_int32(indices, lows, shape, box) -> bool:
     guarded read computes its offset even where it reads nothing)."""
     subs = [abs(b) for ix in indices for sub in _subindices(ix) for b in index_bounds(sub, box)]
     reach = [max(abs(b - lo) for b in index_bounds(ix, box)) for ix, lo in zip(indices, lows)]
-    offset = sum(r * step for r, step in zip(reach, _row_major(shape)))
+    offset = sum(r * step for r, step in zip(reach, row_major(shape)))
     return max(subs + [offset, math.prod(shape)]) <= _INT32
 
 
@@ -421,14 +421,10 @@ def _lanes(extent: int, wanted: int) -> int:
     return max((d for d in range(1, min(extent, wanted) + 1) if extent % d == 0), default=1)
 
 
-def _row_major(shape) -> list[int]:
-    return [math.prod(shape[k + 1 :]) for k in range(len(shape))]
-
-
 def _stride(name: str, indices, shape) -> int | None:
     """Elements between reads at ``name`` and ``name + 1`` (None: not affine in ``name``)."""
     total = 0
-    for ix, step in zip(indices, _row_major(shape)):
+    for ix, step in zip(indices, row_major(shape)):
         form = affine_coefficients(ix)
         if form is None:
             if name in index_vars(ix):

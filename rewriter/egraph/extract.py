@@ -185,7 +185,7 @@ def _result(
                         tensor.name,
                         lambda ix, inner=inner, lows=lows: inner[tuple(i + lo if lo else i for i, lo in zip(ix, lows))],
                     )
-            built[eclass] = Scope(scope.traversal, scope.summation, body, scope.reduce)
+            built[eclass] = scope.with_body(body)
         return built[eclass]
 
     return build(root_class), best[root_class][0]

@@ -389,3 +389,9 @@ def affine_index(coefficients: dict, constant: int = 0) -> Index:
     if result is None:
         return Lit(constant)
     return result + constant if constant else result
+
+
+def row_major(shape) -> list[int]:
+    """The element strides of a row-major (C-order) array of ``shape``: where index
+    ``(i0, i1, ...)`` lies is ``sum(i_k * stride_k)``."""
+    return [math.prod(shape[k + 1 :]) for k in range(len(shape))]

@@ -5,11 +5,13 @@
   flops) and ``match_operator``; adding an operator is adding a record there;
 * ``layouts``: layout eOperators that let an operator match re-laid-out operands;
 * ``kernels``: ``Kernel`` and ``Candidate`` (kernels in execution order);
-* ``instantiate``: an expression to a ``Candidate``; ``postprocess``: OLLIE 5.4.
+* ``instantiate``: an expression to a ``Candidate``; ``postprocess``: OLLIE 5.4;
+* ``fusion``: the fusion primitive and its policies (which pairs may fuse, who decides).
 
 Depends on ``rewriter.ir``, ``rewriter.index`` and ``rewriter.semantics``.
 """
 
+from .fusion import absorbs, fuse, fusion_pairs, is_view
 from .instantiate import instantiate, wants_operator
 from .kernels import Candidate, Kernel
 from .operators import (
@@ -31,7 +33,7 @@ from .operators import (
     point_flops,
     run_gemm,
 )
-from .postprocess import fuse, fusion_pairs, mark_weight_only, postprocess, rename_tensor
+from .postprocess import mark_weight_only, postprocess
 from .tables import Filled, Group, IndexForm, IteratorTable, Read, Window, fill
 
 __all__ = [
@@ -57,15 +59,16 @@ __all__ = [
     "band_constraints",
     "conv_constraints",
     "fill",
+    "absorbs",
     "fuse",
     "fusion_pairs",
     "gemm_constraints",
     "instantiate",
+    "is_view",
     "mark_weight_only",
     "match_operator",
     "point_flops",
     "postprocess",
-    "rename_tensor",
     "run_gemm",
     "wants_operator",
 ]

@@ -26,7 +26,7 @@ def split_layouts(scope: Scope) -> Scope | None:
     how a summation over heads and head dimensions, ``T[k/64, i, k%64]`` (attention's output
     projection), becomes one summation iterator k that a Matmul can take.
     """
-    box = {it.name: (it.lo, it.hi) for it in scope.iterators}
+    box = scope.box
     changed = False
 
     def relaid(access: Access) -> Scalar:
@@ -44,7 +44,7 @@ def split_layouts(scope: Scope) -> Scope | None:
         return _layout_read(access, splits, merges)
 
     body = map_accesses(scope.body, relaid)
-    return Scope(scope.traversal, scope.summation, body, scope.reduce) if changed else None
+    return scope.with_body(body) if changed else None
 
 
 @lru_cache(maxsize=1 << 12)
@@ -74,7 +74,7 @@ def operand_layouts(scope: Scope) -> Scope | None:
         return layout[tuple(Var(n) for n in wanted)]
 
     relaid_body = map_accesses(body, relaid)
-    return Scope(scope.traversal, scope.summation, relaid_body, scope.reduce) if changed else None
+    return scope.with_body(relaid_body) if changed else None
 
 
 def _dimension_merges(indices) -> dict[int, int]:

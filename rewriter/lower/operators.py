@@ -30,6 +30,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from rewriter.index import row_major
 from rewriter.ir import Scope
 
 from .tables import Filled, Group, IteratorTable, Read, Window, fill
@@ -114,7 +115,7 @@ def gemm_constraints(operator: Operator, filled: Filled, batched: bool = True) -
         return None
     px, py = _placement(x, filled.scope.box, sizes), _placement(y, filled.scope.box, sizes)
     out_names = [it.name for it in filled.scope.traversal]
-    out_strides = dict(zip(out_names, _row_major(filled.scope.shape)))
+    out_strides = dict(zip(out_names, row_major(filled.scope.shape)))
     order = {name: k for k, name in enumerate(out_names)}
     splits = product(range(len(groups["m"]) + 1), range(len(groups["n"]) + 1)) if batched else [(0, 0)]
     for split_m, split_n in splits:
@@ -126,18 +127,10 @@ def gemm_constraints(operator: Operator, filled: Filled, batched: bool = True) -
     return None
 
 
-def _row_major(shape) -> list[int]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return strides[::-1]
-
-
 def _placement(read: Read, box: dict, sizes: dict) -> dict[str, int]:
     """iterator -> element stride of the read, plus "" -> the offset of its first element."""
     placement: dict[str, int] = {"": 0}
-    for form, stride in zip(read.indices, _row_major(read.access.source.shape)):
+    for form, stride in zip(read.indices, row_major(read.access.source.shape)):
         offset = form.constant
         for name, c in form.coefficients.items():
             if sizes[name] > 1:  # an iterator in two dimensions adds up its strides

@@ -1,12 +1,13 @@
 """Post-processing (OLLIE 5.4): identity eOperators dropped, an eOperator fused into the
-eOperator that alone reads it, kernels that read only weights marked for compile-time
-evaluation.
+eOperator that alone reads it (``fusion``: kept by codegen only where it measures faster),
+kernels that read only weights marked for compile-time evaluation.
 """
 
 from __future__ import annotations
 
-from rewriter.ir import Access, Scope, Tensor, replace_reads, tensor_shapes
+from rewriter.ir import Access, Tensor, rename_tensors, tensor_shapes
 
+from .fusion import fuse, fusion_pairs, readers
 from .kernels import Candidate, Kernel
 
 
@@ -38,10 +39,6 @@ def mark_weight_only(kernels: list[Kernel], weights) -> list[Kernel]:
             constant.add(kernel.output)
         marked.append(Kernel(kernel.kind, kernel.output, kernel.expr, kernel.match, only))
     return marked
-
-
-def _readers(kernels: list[Kernel], name: str) -> list[int]:
-    return [k for k, kernel in enumerate(kernels) if name in tensor_shapes(kernel.expr)]
 
 
 def _drop_identity(kernels: list[Kernel]) -> bool:
@@ -78,33 +75,9 @@ def _copied(kernel: Kernel) -> str | None:
 
 def _rename_reads(kernels: list[Kernel], old: str, new: str) -> None:
     """Readers of ``old`` read ``new`` (a tensor of the same shape) instead."""
-    for k in _readers(kernels, old):
+    for k in readers(kernels, old):
         reader = kernels[k]
-        tensor = Tensor(new, tensor_shapes(reader.expr)[old])
-        kernels[k] = reader.with_expr(rename_tensor(reader.expr, old, tensor))
-
-
-def fusion_pairs(kernels: list[Kernel]) -> list[tuple[int, int]]:
-    """(producer, consumer) positions where an eOperator is read by exactly one later kernel,
-    itself an eOperator: the pairs eOperator fusion may merge."""
-    pairs = []
-    for index, producer in enumerate(kernels[:-1]):
-        readers = _readers(kernels, producer.output)
-        if producer.kind == "eop" and len(readers) == 1 and kernels[readers[0]].kind == "eop":
-            pairs.append((index, readers[0]))
-    return pairs
-
-
-def fuse(producer: Kernel, consumer: Kernel) -> Kernel:
-    """eOperator fusion: ``consumer`` with its reads of ``producer`` replaced by the producer's
-    expression (a nested scope, which code generation computes once as a stage)."""
-
-    def read(indices, scope=producer.expr):
-        return scope[tuple(ix + it.lo for ix, it in zip(indices, scope.traversal))]
-
-    expr = consumer.expr
-    fused = Scope(expr.traversal, expr.summation, replace_reads(expr.body, producer.output, read), expr.reduce)
-    return Kernel("eop", consumer.output, fused, weight_only=producer.weight_only and consumer.weight_only)
+        kernels[k] = reader.with_expr(rename_tensors(reader.expr, {old: new}))
 
 
 def _fuse_eops(kernels: list[Kernel]) -> bool:
@@ -115,7 +88,3 @@ def _fuse_eops(kernels: list[Kernel]) -> bool:
     kernels[consumer] = fuse(kernels[producer], kernels[consumer])
     del kernels[producer]
     return True
-
-
-def rename_tensor(scope: Scope, name: str, tensor: Tensor) -> Scope:
-    return Scope(scope.traversal, scope.summation, replace_reads(scope.body, name, lambda ix: tensor[ix]), scope.reduce)

@@ -18,7 +18,6 @@ reached yet run as their identity kernel, so a result is always written.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import sqlite3
 import time
@@ -30,8 +29,8 @@ import numpy as np
 
 from codegen.backend import Backend, as_backend
 from codegen.program import Fusion, load
-from rewriter.ir import Access, ExpressionError, Program, Scope, nested_scopes, parse, rename_tensors, tensor_shapes
-from rewriter.lower import Candidate, Kernel, instantiate
+from rewriter.ir import ExpressionError, Program, Scope, parse, rename_tensors, tensor_shapes
+from rewriter.lower import Candidate, Kernel, absorbs, instantiate, is_view
 from rewriter.search import eager_closure, fingerprint, registered
 
 from .derive import derive
@@ -195,7 +194,7 @@ def merge_parallel(program: Program, cost: Callable[[Scope], float]) -> Program:
                 if len(added) != 1 or len(after) != len(before) + 1 or replaced in tried:
                     continue
                 (batched,) = added
-                if not replaced or not all(_is_view(after[n]) and _reads(after[n]) == {batched} for n in replaced):
+                if not replaced or not all(is_view(after[n]) and _reads(after[n]) == {batched} for n in replaced):
                     continue
                 tried.add(replaced)
                 if cost(after[batched]) < sum(cost(before[n]) for n in replaced):
@@ -211,23 +210,18 @@ def _reads(expr: Scope) -> set[str]:
 
 
 def fuse_elementwise(program: Program) -> Program:
-    """Fold producers into their readers with the inter-expression rules (OLLIE 4.1, 5.4: an
-    activation joins the operator before it, so its work fuses into that operator's eOperator).
-    A variant is taken when it has one definition fewer and the reader that changed computed no
-    sum of its own, or the producer is an unfolding view (its body one read, writing more
-    elements than its source holds: a band unfold, a broadcast), whose copy would cost more
-    than the reader reading the source directly. Fusing arithmetic into a reader that sums would
-    repeat it per term, and would grow one subprogram to the whole model; a reshape or a
-    transpose stays a copy that leaves the reader's operand in a layout operators match. The
-    eager rules simplify every definition first and after each fusion, so that a view is seen
-    as one (a Slice + Concat unfold merges into one read)."""
+    """Fold producers into their readers with the inter-expression rules (OLLIE 4.1, 5.4) where
+    the fusion policy admits it (``rewriter.lower.absorbs``: an element-wise producer into a
+    reader that sums nothing, an unfolding view into any reader). A variant is taken when it
+    has one definition fewer and one edited reader. The eager rules simplify every definition
+    first and after each fusion, so that a view is seen as one (a Slice + Concat unfold merges
+    into one read)."""
     eager = registered("eager")
     program = Program(tuple((name, _closed(expr, eager)) for name, expr in program.definitions), program.outputs)
     changed = True
     while changed:
         changed = False
         before = dict(program.definitions)
-        summing = {name for name, expr in before.items() if _sums(expr)}
         for rule_ in registered("inter"):
             for variant in rule_.apply(program):
                 after = dict(variant.definitions)
@@ -235,12 +229,11 @@ def fuse_elementwise(program: Program) -> Program:
                 removed = set(before) - set(after)
                 if len(after) != len(before) - 1 or len(edited) != 1 or edited[0] not in before or len(removed) != 1:
                     continue
-                if edited[0] in summing and not _unfolds(before[removed.pop()]):
+                if not absorbs(before[edited[0]], before[removed.pop()]):
                     continue
                 closed = _closed(after[edited[0]], eager)
-                program = Program(
-                    tuple((n, closed if n == edited[0] else e) for n, e in variant.definitions), variant.outputs
-                )
+                definitions = tuple((n, closed if n == edited[0] else e) for n, e in variant.definitions)
+                program = Program(definitions, variant.outputs)
                 changed = True
                 break
             if changed:
@@ -250,19 +243,6 @@ def fuse_elementwise(program: Program) -> Program:
 
 def _closed(expr: Scope, eager) -> Scope:
     return eager_closure(expr, eager)[0]
-
-
-def _is_view(expr: Scope) -> bool:
-    return not expr.summation and isinstance(expr.body, Access)
-
-
-def _unfolds(expr: Scope) -> bool:
-    """A view that writes more elements than its source holds (each read several times)."""
-    return _is_view(expr) and math.prod(expr.shape) > math.prod(expr.body.source.shape)
-
-
-def _sums(expr: Scope) -> bool:
-    return any(scope.summation for scope in (expr, *nested_scopes(expr)))
 
 
 def optimize_program(

@@ -1,0 +1,76 @@
+"""Fusion (OLLIE 4.1 expression fusion, 5.4 post-processing): one primitive, three policies.
+
+The primitive is the chain rule, ``rewriter.ir.inline``: the consumer reads its producer as a
+nested scope (computed once, as a stage of the consumer's kernel). Every fusion the system makes
+is that primitive; the policies say which pairs may fuse, and who decides whether they do:
+
+===========================================  ================================  =========================
+where                                        which pairs (here)                who decides
+===========================================  ================================  =========================
+a program's definitions, before derivation   ``absorbs(reader, producer)``:    the policy itself: the
+(Algorithm 1; ``pipeline.program``, through  an element-wise producer into a   rule ``expression fusion``
+the inter rule ``expression fusion``)        reader that sums nothing, or an   proposes, it admits
+                                             unfolding view into any reader
+a candidate's kernels (post-processing;      ``fusion_pairs(kernels)``: an     measurement: codegen keeps
+``postprocess``, then ``codegen.program``)   eOperator read by exactly one     a fusion only where the
+                                             later kernel, an eOperator        fused kernel is faster
+a stitched program, across subprograms       ``fusion_pairs`` with the         measurement, and a check
+(``codegen.program.fuse_boundaries``)        producer at a boundary            of the fused results
+===========================================  ================================  =========================
+"""
+
+from __future__ import annotations
+
+import math
+
+from rewriter.ir import Access, Scope, inline, nested_scopes, tensor_shapes
+
+from .kernels import Kernel
+
+
+def fuse(producer: Kernel, consumer: Kernel) -> Kernel:
+    """The eOperator computing ``consumer`` with ``producer`` inside it."""
+    fused = inline(consumer.expr, producer.output, producer.expr)
+    return Kernel("eop", consumer.output, fused, weight_only=producer.weight_only and consumer.weight_only)
+
+
+def readers(kernels: list[Kernel], name: str) -> list[int]:
+    """Positions of the kernels that read tensor ``name``."""
+    return [k for k, kernel in enumerate(kernels) if name in tensor_shapes(kernel.expr)]
+
+
+def fusion_pairs(kernels: list[Kernel]) -> list[tuple[int, int]]:
+    """(producer, consumer) positions where an eOperator is read by exactly one later kernel,
+    itself an eOperator: the pairs eOperator fusion may merge."""
+    pairs = []
+    for index, producer in enumerate(kernels[:-1]):
+        read_by = readers(kernels, producer.output)
+        if producer.kind == "eop" and len(read_by) == 1 and kernels[read_by[0]].kind == "eop":
+            pairs.append((index, read_by[0]))
+    return pairs
+
+
+def absorbs(reader: Scope, producer: Scope) -> bool:
+    """Whether a program-level fusion of definition ``producer`` into its only ``reader`` is
+    worth making before derivation: when the reader computes no sum of its own (an activation
+    joins the operator before it, so its work fuses into that operator's eOperator), or the
+    producer is an unfolding view (its body one read, writing more elements than its source
+    holds: a band unfold, a broadcast), whose copy would cost more than the reader reading the
+    source directly. Fusing arithmetic into a reader that sums would repeat it per term, and
+    would grow one subprogram to the whole model; a reshape or a transpose stays a copy that
+    leaves the reader's operand in a layout operators match."""
+    return not _sums(reader) or _unfolds(producer)
+
+
+def is_view(expr: Scope) -> bool:
+    """A scope that only moves elements: no sum, its body one read."""
+    return not expr.summation and isinstance(expr.body, Access)
+
+
+def _unfolds(expr: Scope) -> bool:
+    """A view that writes more elements than its source holds (each read several times)."""
+    return is_view(expr) and math.prod(expr.shape) > math.prod(expr.body.source.shape)
+
+
+def _sums(expr: Scope) -> bool:
+    return any(scope.summation for scope in (expr, *nested_scopes(expr)))
