@@ -1,7 +1,8 @@
-"""Test setup: import paths and hypothesis profiles.
+"""Test setup: import path and hypothesis profiles.
 
-* ``tests/`` is put on ``sys.path`` so test modules can ``from strategies import ...`` (there is
-  no ``tests/__init__.py``), and the repository root so ``rewriter`` imports without installing.
+* The repository root is put first on ``sys.path`` so that ``rewriter`` imports from this checkout
+  (not an installed copy) without installing. The hypothesis strategies are the package's own:
+  ``from rewriter.testing.strategies import expressions, applicable, ...``.
 * Tests marked ``slow`` are skipped unless ``RUN_SLOW=1`` (see below).
 * Hypothesis profiles: ``default`` and ``ci`` (200 examples, no deadline), ``dev`` (30 examples);
   ``HYPOTHESIS_PROFILE=dev python3 -m pytest tests`` picks one.
@@ -12,11 +13,9 @@ from __future__ import annotations
 import os
 import sys
 
-_TESTS = os.path.dirname(os.path.abspath(__file__))
-_ROOT = os.path.dirname(_TESTS)
-for _path in (_TESTS, _ROOT):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 

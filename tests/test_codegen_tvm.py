@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import tvm
 from hypothesis import given, settings
-from strategies import ALL_FUNCTIONS, expressions_with_inputs, random_inputs
 
 from codegen import CodegenError, Schedule, TvmKernel, candidate_schedules, compile_scope
 from codegen.tvm_kernel import _lowered, _scheduled, cache_path, host_target
 from rewriter import conv2d, conv_transpose2d, evaluate, g2bmm, matmul, parse
 from rewriter.cases import CASES
+from rewriter.testing.strategies import ALL_FUNCTIONS, expressions_with_inputs, random_inputs
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import indices, iterators, random_inputs, scopes
 
 from rewriter import ExpressionError, evaluate, parse
 from rewriter.index import (
@@ -31,6 +30,7 @@ from rewriter.index import (
     with_remainders,
 )
 from rewriter.ir import IndexOp, Iterator, Lit, Var, eval_index, substitute_index
+from rewriter.testing.strategies import indices, iterators, random_inputs, scopes
 
 FAST = settings(max_examples=60, deadline=None)
 

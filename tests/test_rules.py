@@ -1,48 +1,146 @@
 """Every rule is sound: each application evaluates equal to what it rewrote.
 
-Property tests draw random expressions (``tests/strategies.py``) and walk a few random rule
-applications from them, so rules that need a particular shape (nested scopes to tighten or merge)
-see plenty of inputs; named examples replay the steps of the paper's Figure 6.
+Property tests draw random expressions (``rewriter.testing.strategies``), some after a few random
+rule applications, and check that each rule fires on a fair share of them: a rule that never
+fires would pass its soundness test vacuously. Named examples replay the steps of the paper's
+Figure 6.
 """
 
 import pytest
-from hypothesis import given, note
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
-from strategies import expressions
 
 from rewriter import ExpressionError, Iterator, Scope, Var, parse
 from rewriter.search import RuleError, fingerprint, pattern, registered, rule, substitute_traversal
-from rewriter.testing import applications, assert_sound
+from rewriter.testing import assert_sound
+from rewriter.testing.strategies import applicable, rewritten
 
 RULES = {r.name: r for r in registered()}
 
 
 @st.composite
-def derived(draw, max_steps: int = 2):
-    """A generated expression after up to ``max_steps`` random rule applications."""
-    expr = draw(expressions(max_traversal=3, max_summation=2))
-    for _ in range(draw(st.integers(0, max_steps))):
-        name = draw(st.sampled_from(sorted(RULES)))
-        options = applications(RULES[name], expr)
-        if not options:
-            continue
-        expr = options[draw(st.integers(0, len(options) - 1))]
-    return expr
+def unfolds(draw):
+    """Random sums of reads of one source, term j shifted by -j along a one-point axis p and by
+    j*s_k (random steps) along the others, in random order and partly outside the source: the
+    Slice + Concat band that concatenation merging makes one read."""
+    rank = draw(st.integers(2, 3))
+    p = draw(st.integers(0, rank - 1))
+    n = draw(st.integers(2, 5))
+    shape = tuple(1 if k == p else draw(st.integers(1, 5)) for k in range(rank))
+    sizes = [draw(st.integers(1, 6)) for _ in range(rank)]
+    steps = [draw(st.integers(-2, 2)) for _ in range(rank)]
+    shifts = [draw(st.integers(-2, 2)) for _ in range(rank)]
+    order = draw(st.permutations(range(n)))
+
+    def term(j):
+        indices = [f"x{k}-{j}+{shifts[k]}" if k == p else f"x{k}+{steps[k] * j + shifts[k]}" for k in range(rank)]
+        return f"P[{', '.join(indices)}]".replace("+-", "-")
+
+    traversal = ", ".join(f"x{k}:{size}" for k, size in enumerate(sizes))
+    return parse(f"L {traversal} ; {' + '.join(term(j) for j in order)}", {"P": shape})
 
 
-PROGRAM_RULES = sorted(name for name, r in RULES.items() if r.takes == "program")
+# Each rule's soundness test: the expressions it draws, and the least share of the profile's
+# examples (max_examples) on which the rule must fire, so that a rule that stops firing fails its
+# test instead of passing it vacuously. Rules that fire on most generated expressions (after 0..2
+# random rule steps) take those, with a share well below the rate measured on them (the lowest of
+# twelve 30-example runs, and of three 200-example runs, in the comments). The others take
+# ``applicable(rule, ...)``, which keeps the draws the rule applies to, with parameters that make
+# their shape likely; every example is then one the rule fires on, and the share checks that
+# hypothesis ran (almost) all of them. The comments give the share of attempts that hit.
+GENERATED = dict(max_traversal=3, max_summation=2)
+PRODUCTS = dict(  # bodies that are products of reads: no constants, functions, divisions or max
+    function_probability=0,
+    constant_probability=0,
+    division_probability=0,
+    binary_max_probability=0,
+    max_probability=0,
+)
+FIRING = {
+    "expression splitting": (rewritten(**GENERATED), 0.5),  # fires on 0.70 (30), 0.84 (200)
+    "index simplification": (rewritten(**GENERATED), 0.5),  # 0.77, 0.82
+    "iterator merging": (rewritten(**GENERATED), 0.35),  # 0.63, 0.75
+    # fires on 0.13-0.80 of rewritten() in 30-example runs, 0.40 in 200: too variable to count on
+    "variable substitution": (applicable(RULES["variable substitution"], **GENERATED), 0.9),  # attempts 0.4-0.6
+    "summation splitting": (applicable(RULES["summation splitting"], **GENERATED), 0.9),  # 0.36
+    "boundary tightening": (applicable(RULES["boundary tightening"], require_nested=True), 0.9),  # 0.35-0.5
+    "boundary relaxing": (applicable(RULES["boundary relaxing"], require_nested=True), 0.9),  # 0.3-0.55
+    "traversal merging": (applicable(RULES["traversal merging"], require_nested=True), 0.9),  # 0.25-0.36
+    # the reverse of expression splitting: it meets its input after a splitting step
+    "expression merging": (applicable(RULES["expression merging"], **GENERATED), 0.9),  # 0.54
+    # a summation iterator read beside traversal iterators in a short axis, in a product
+    "summation boundary tightening": (
+        applicable(
+            RULES["summation boundary tightening"],
+            min_summation=1,
+            max_coefficient=1,
+            div_probability=0,
+            max_dim=3,
+            max_accesses=2,
+            max_steps=0,
+            tries=6,
+            **PRODUCTS,
+        ),
+        0.9,
+    ),  # 0.20
+    # kernel offsets read beside a traversal iterator, summed (a max over padding is no max)
+    "summation iterator splitting": (
+        applicable(RULES["summation iterator splitting"], min_summation=1, max_probability=0, max_steps=0, tries=6),
+        0.9,
+    ),  # 0.20
+    # a product of two tensor reads (a Matmul's shape) whose traversal is not in the operator's order
+    "operator layout": (
+        applicable(
+            RULES["operator layout"],
+            min_accesses=2,
+            max_accesses=2,
+            min_traversal=2,
+            max_summation=1,
+            max_rank=2,
+            nesting_probability=0,
+            max_steps=1,
+            tries=8,
+            **PRODUCTS,
+        ),
+        0.9,
+    ),  # 0.16
+    # generated expressions never hold n consecutive slices of one source: random unfolds do
+    "concatenation merging": (unfolds(), 0.9),  # 1.0 by construction
+    # programs: fusion applies to most generated programs (0.69); batch merging needs twin definitions
+    # (0.07 at the default twin probability). Not after other rules' steps, and batch merging
+    # without nested scopes: see test_batch_merging_of_inputs_read_in_nested_scopes
+    "expression fusion": (applicable(RULES["expression fusion"], max_steps=0), 0.9),
+    "expression merging (batch)": (
+        applicable(RULES["expression merging (batch)"], twin_probability=0.5, nesting_probability=0, max_steps=0),
+        0.9,
+    ),  # 0.51
+}
 
 
-@pytest.mark.parametrize("name", sorted(set(RULES) - set(PROGRAM_RULES)))
+def test_every_rule_has_a_generator_that_makes_it_fire():
+    """A new rule needs an entry in FIRING: the expressions its soundness test draws."""
+    assert sorted(FIRING) == sorted(RULES)
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
 def test_rule_is_sound_on_generated_expressions(name):
     rule_ = RULES[name]
+    strategy, share = FIRING[name]
+    counts = {"examples": 0, "fired": 0}
 
-    @given(derived())
+    @given(strategy)
     def check(expr):
         note(str(expr))
-        assert_sound(rule_, expr)
+        fired = assert_sound(rule_, expr)
+        counts["examples"] += 1
+        counts["fired"] += fired > 0
 
     check()
+    needed = share * settings().max_examples
+    assert counts["fired"] >= needed, (
+        f"rule {name!r} fired on {counts['fired']} of {counts['examples']} generated expressions; "
+        f"its soundness test needs at least {needed:g}: give it a generator that makes it fire (FIRING)"
+    )
 
 
 def test_every_rule_cites_its_section_and_kind():
@@ -181,26 +279,28 @@ def test_invalid_expression_is_still_refused_before_any_rule():
 
 def test_rules_keep_values_on_a_padding_heavy_case():
     e = parse("L h:-2..6 ; S r:3 ; { L t:-1..8 ; A[t] * 2 }[h+r-1] * B[r]", {"A": (5,), "B": (3,)})
-    for rule_ in RULES.values():
-        assert_sound(rule_, e)
+    fired = {name for name, rule_ in RULES.items() if assert_sound(rule_, e)}
+    # the rules about padding all have something to do here
+    assert {"boundary tightening", "boundary relaxing", "summation iterator splitting"} <= fired
 
 
 # ---------------------------------------------------------------------------------------------
 # Inter-expression rules (OLLIE 4.1) on programs
 
-from strategies import programs  # noqa: E402
-
 from rewriter import parse_program  # noqa: E402
 
 
-@pytest.mark.parametrize("name", PROGRAM_RULES)
-def test_program_rule_is_sound_on_generated_programs(name):
-    @given(programs())
-    def check(program):
-        note(str(program))
-        assert_sound(RULES[name], program)
-
-    check()
+@pytest.mark.xfail(raises=RuleError, strict=True, reason="batch merging binds b outside nested scopes")
+def test_batch_merging_of_inputs_read_in_nested_scopes():
+    """Found by the twin programs of ``programs()``: where the differing input is read inside a
+    nested scope, the stacked read's batch index ``b`` lands in that scope, which does not bind
+    it (RuleError: unbound iterator 'b'). Until the rule threads ``b`` through (or declines),
+    FIRING draws its programs without nested scopes."""
+    program = parse_program(
+        "T0 = L i:2 ; { L j:2 ; A[j] }[i]\nT1 = L i:2 ; { L j:2 ; A2[j] }[i]\nreturn T0, T1",
+        {"A": (2,), "A2": (2,)},
+    )
+    assert assert_sound(RULES["expression merging (batch)"], program) == 1
 
 
 def test_matmuls_sharing_an_operand_merge_into_one_batched_expression():
@@ -292,24 +392,27 @@ def test_concatenation_merging_needs_consecutive_slices_of_one_source():
         assert RULES["concatenation merging"].apply(e) == []
 
 
-@given(st.data())
-def test_concatenation_merging_is_sound_on_random_unfolds(data):
-    """Random sums of reads of one source, term j shifted by -j along a one-point axis p and by
-    j*s_k (random steps) along the others, in random order and partly outside the source."""
-    rank = data.draw(st.integers(2, 3))
-    p = data.draw(st.integers(0, rank - 1))
-    n = data.draw(st.integers(2, 5))
-    shape = tuple(1 if k == p else data.draw(st.integers(1, 5)) for k in range(rank))
-    sizes = [data.draw(st.integers(1, 6)) for _ in range(rank)]
-    steps = [data.draw(st.integers(-2, 2)) for _ in range(rank)]
-    shifts = [data.draw(st.integers(-2, 2)) for _ in range(rank)]
-    order = data.draw(st.permutations(range(n)))
-
-    def term(j):
-        indices = [f"x{k}-{j}+{shifts[k]}" if k == p else f"x{k}+{steps[k] * j + shifts[k]}" for k in range(rank)]
-        return f"P[{', '.join(indices)}]".replace("+-", "-")
-
-    traversal = ", ".join(f"x{k}:{size}" for k, size in enumerate(sizes))
-    e = parse(f"L {traversal} ; {' + '.join(term(j) for j in order)}", {"P": shape})
+@given(unfolds())
+def test_concatenation_merging_is_sound_on_random_unfolds(e):
     note(str(e))
     assert assert_sound(RULES["concatenation merging"], e) == 1
+
+
+def test_the_harness_imports_without_hypothesis_and_the_strategies_say_what_they_need():
+    """``rewriter.testing`` needs numpy only; ``rewriter.testing.strategies`` names the extra."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import sys; sys.modules['hypothesis'] = None\n"
+        "import rewriter.testing\n"
+        "try:\n"
+        "    import rewriter.testing.strategies\n"
+        "except ImportError as err:\n"
+        "    print(err)\n"
+    )
+    root = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'rewriter[testing]'" in done.stdout

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
-from strategies import expressions
 
 from rewriter import ExpressionError, Iterator, Scope, evaluate, parse
 from rewriter.ir import Var, replace_at, scopes_at, substitute
 from rewriter.search import canonical, explore, fingerprint
 from rewriter.testing import random_inputs
+from rewriter.testing.strategies import expressions
 
 CONV = "L n:1, h:{H}, w:{H}, f:{F} ; S c:{C}, r:3, s:3 ; A[n, h+r-1, w+s-1, c] * K[r, s, f, c]"
 

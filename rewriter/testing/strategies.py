@@ -1,9 +1,18 @@
-"""Hypothesis strategies for random, well-formed rewriter expressions and their inputs.
+"""Hypothesis strategies for random, well-formed rewriter expressions, programs and their inputs.
 
-Later tests use these to check that every derivation rule is sound: draw an expression and inputs,
-rewrite the expression, and compare ``evaluate`` before and after. Import them as
-``from strategies import expressions, expressions_with_inputs`` (``tests/conftest.py`` puts this
-directory on ``sys.path``).
+Shipped with the package (as ``hypothesis.extra.numpy`` ships with hypothesis) so that a rule
+written outside this repository is tested the way ``rules/`` is: draw an expression the rule
+applies to, rewrite it, and compare ``evaluate`` before and after (``rewriter.testing.assert_sound``)::
+
+    from hypothesis import given
+    from rewriter.testing import assert_sound
+    from rewriter.testing.strategies import applicable
+
+    @given(applicable(my_rule))
+    def test_my_rule_is_sound(expr):
+        assert assert_sound(my_rule, expr) >= 1
+
+Needs hypothesis (``pip install "rewriter[testing]"``); ``rewriter.testing`` itself does not.
 
 Public API (every strategy takes keyword parameters; defaults give small, fast expressions):
 
@@ -31,11 +40,30 @@ Public API (every strategy takes keyword parameters; defaults give small, fast e
     constants, division, nesting probability and depth, name shadowing, ``require_nested``).
     The same tensor name always has the same shape within one expression.
 
-``programs(*, min_definitions=2, max_definitions=3, **params)``
-    A Program whose later definitions read earlier ones (as Tensors named T0, T1, ...).
+``programs(*, min_definitions=2, max_definitions=3, twin_probability=0.1, **params)``
+    A Program whose later definitions read earlier ones (as Tensors named T0, T1, ...), or (with
+    ``twin_probability``) repeat an earlier one over a new input tensor of the same shape:
+    parallel branches, as attention's Q, K and V projections are.
 
-``random_inputs(expr, seed, *, low=-1.0, high=1.0, integer_valued=False)``
-    A dict name -> float64 array for every input tensor of a Scope or Program (numpy default_rng).
+``rewritten(*, max_steps=2, rules=None, **params)``
+    An expression of ``expressions(**params)`` after 0..``max_steps`` random rule applications,
+    each of a random rule among ``rules`` (default: every registered rule that takes a scope)
+    that applies, so that shapes rules produce (nested scopes to tighten or merge, substituted
+    iterators) are drawn too.
+
+``applicable(rule, *, max_steps=2, rules=None, tries=4, **params)``
+    Expressions (Programs, for a rule that takes a program) that ``rule`` (a Rule, or the name
+    of a registered one) applies to somewhere: each draw makes up to ``tries`` attempts, each an
+    expression of ``expressions(**params)`` followed by up to ``max_steps`` random applications of
+    the other ``rules``, checking the rule after every step; a draw whose attempts all miss is
+    rejected (``hypothesis.assume``). Pass ``**params`` that make the rule's shape likely (e.g.
+    ``require_nested=True`` for a rule on nested scopes) so that few draws are rejected. A guided
+    rule that takes a target operator counts when it applies toward any matchable operator
+    (``rewriter.testing.applications``).
+
+``random_inputs(expr, seed=0, *, low=-1.0, high=1.0, integer_valued=False)``
+    A dict name -> float64 array for every input tensor of a Scope or Program (numpy default_rng);
+    the same function as ``rewriter.testing.random_inputs``.
 ``inputs_for(expr, **kw)``  strategy of ``random_inputs(expr, seed, **kw)`` over seeds.
 ``expressions_with_inputs(**params)`` / ``programs_with_inputs(**params)``  (expr, inputs) pairs.
 
@@ -55,7 +83,14 @@ from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 import numpy as np
-from hypothesis import strategies as st
+
+try:
+    from hypothesis import assume
+    from hypothesis import strategies as st
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "rewriter.testing.strategies needs hypothesis: pip install 'rewriter[testing]' (or hypothesis>=6.100)"
+    ) from error
 
 from rewriter.ir import (
     Access,
@@ -75,8 +110,11 @@ from rewriter.ir import (
     eval_index,
     index_vars,
     nested_scopes,
+    replace_reads,
     tensor_shapes,
 )
+from rewriter.search import Rule, registered
+from rewriter.testing import applications, random_inputs
 
 # Iterator names: plain letters first, then names that look like keywords or functions but are not
 # reserved (they exercise the tokenizer and the keyword checks of the parser).
@@ -397,7 +435,8 @@ class ScopeParams:
     max_summation: int = 2
     max_size: int = 5  # iterator sizes are 1..max_size
     offset_probability: float = 0.25  # an iterator range starts at -1..3 instead of 0
-    max_accesses: int = 3  # tensor/scope reads per body (at least 1)
+    min_accesses: int = 1  # tensor/scope reads per body: min_accesses..max_accesses (at least 1)
+    max_accesses: int = 3
     max_rank: int = 3  # input tensors have rank 1..max_rank
     max_dim: int = 6  # and dimensions 1..max_dim
     max_probability: float = 0.2  # reduce="max" when there are summation iterators
@@ -478,7 +517,7 @@ class _Builder:
     # -- bodies
     def body(self, its, depth: int) -> Scalar:
         draw, p = self.draw, self.p
-        budget = draw(_ints(1, max(1, p.max_accesses)))
+        budget = draw(_ints(max(1, p.min_accesses), max(1, p.min_accesses, p.max_accesses)))
         n_products = draw(_ints(1, min(2, budget)))
         sizes = [1] * n_products
         for _ in range(budget - n_products):
@@ -601,8 +640,11 @@ def expressions(**params) -> st.SearchStrategy[Scope]:
 
 
 @st.composite
-def programs(draw, *, min_definitions: int = 2, max_definitions: int = 3, **params):
-    """A Program of 2..3 definitions T0, T1, ...; each later one reads at least one earlier one."""
+def programs(draw, *, min_definitions: int = 2, max_definitions: int = 3, twin_probability: float = 0.1, **params):
+    """A Program of 2..3 definitions T0, T1, ...; each later one reads at least one earlier one,
+    or (with ``twin_probability``) is a twin: an earlier definition reading a new input tensor of
+    the same shape in place of one of its inputs (parallel branches, like attention's Q, K and V
+    projections, which expression merging (batch) batches)."""
     p = _params(params)
     count = draw(_ints(min_definitions, max_definitions))
     shapes: dict[str, tuple[int, ...]] = {}
@@ -610,6 +652,10 @@ def programs(draw, *, min_definitions: int = 2, max_definitions: int = 3, **para
     for n in range(count):
         name = DEFINITION_NAMES[n]
         earlier = {d: e.shape for d, e in definitions}
+        twin = _twin(draw, definitions, shapes) if earlier and _chance(draw, twin_probability) else None
+        if twin is not None:
+            definitions.append((name, twin))
+            continue
         builder = _Builder(draw, p, shapes=shapes, fixed=earlier)
         scope = builder.scope(0)
         if earlier and not set(tensor_shapes(scope)) & set(earlier):
@@ -627,23 +673,88 @@ def programs(draw, *, min_definitions: int = 2, max_definitions: int = 3, **para
     return Program(tuple(definitions), tuple(outputs))
 
 
+def _twin(draw, definitions: list[tuple[str, Scope]], shapes: dict) -> Scope | None:
+    """An earlier definition reading a new input tensor in place of one of its inputs (None when
+    none reads an input tensor); the new tensor's shape goes into ``shapes``."""
+    defined = {d for d, _ in definitions}
+    candidates = [(d, e) for d, e in definitions if set(tensor_shapes(e)) - defined]
+    if not candidates:
+        return None
+    _, original = candidates[draw(_ints(0, len(candidates) - 1))]
+    inputs = sorted(set(tensor_shapes(original)) - defined)
+    old = draw(_sampled(tuple(inputs)))
+    new = next(f"{old}{k}" for k in itertools.count(2) if f"{old}{k}" not in shapes and f"{old}{k}" not in defined)
+    shape = shapes[new] = tensor_shapes(original)[old]
+    body = replace_reads(original.body, old, lambda ix: Tensor(new, shape)[ix])
+    return Scope(original.traversal, original.summation, body, original.reduce)
+
+
+# --------------------------------------------------------------------------------------------
+# Expressions after rule applications, and expressions a rule applies to
+
+
+def _rule(rule: Rule | str) -> Rule:
+    if isinstance(rule, Rule):
+        return rule
+    by_name = {r.name: r for r in registered()}
+    if rule not in by_name:
+        raise ValueError(f"no registered rule named {rule!r}; registered: {', '.join(sorted(by_name))}")
+    return by_name[rule]
+
+
+def _walk_rules(rules, takes: str, exclude: Rule | None = None) -> tuple[Rule, ...]:
+    """The rules random steps choose from: ``rules`` (default every registered one) that take
+    ``takes`` ("scope" or "program"), without ``exclude``, by name (a stable order to draw from)."""
+    pool = registered() if rules is None else [_rule(r) for r in rules]
+    return tuple(sorted((r for r in pool if r.takes == takes and r != exclude), key=lambda r: r.name))
+
+
+def _step(draw, expr, pool: tuple[Rule, ...]):
+    """One random application to ``expr`` of a random rule of ``pool`` that applies (rules are
+    drawn until one does, up to twice the pool's size); ``expr`` itself when none is found."""
+    tried: dict[int, list] = {}
+    for _ in range(2 * len(pool)):
+        k = draw(_ints(0, len(pool) - 1))
+        if k not in tried:
+            tried[k] = applications(pool[k], expr)
+        if tried[k]:
+            return tried[k][draw(_ints(0, len(tried[k]) - 1))]
+        if len(tried) == len(pool):
+            break
+    return expr
+
+
+@st.composite
+def rewritten(draw, *, max_steps: int = 2, rules=None, **params):
+    """An expression of ``expressions(**params)`` after 0..max_steps random rule applications."""
+    expr = draw(expressions(**params))
+    pool = _walk_rules(rules, "scope")
+    for _ in range(draw(_ints(0, max_steps))):
+        expr = _step(draw, expr, pool)
+    return expr
+
+
+@st.composite
+def applicable(draw, rule: Rule | str, *, max_steps: int = 2, rules=None, tries: int = 4, **params):
+    """An expression (a Program, for a rule that takes one) that ``rule`` has at least one
+    application to (see the module docstring); ``**params`` go to ``expressions``/``programs``."""
+    rule = _rule(rule)
+    takes = rule.takes
+    pool = _walk_rules(rules, takes, exclude=rule)
+    base = programs(**params) if takes == "program" else expressions(**params)
+    for _ in range(tries):
+        expr = draw(base)
+        if applications(rule, expr):
+            return expr
+        for _ in range(max_steps):
+            expr = _step(draw, expr, pool)
+            if applications(rule, expr):
+                return expr
+    assume(False)  # every attempt missed: hypothesis draws again
+
+
 # --------------------------------------------------------------------------------------------
 # Inputs
-
-
-def random_inputs(expr, seed: int, *, low: float = -1.0, high: float = 1.0, integer_valued: bool = False) -> dict:
-    """Random float64 arrays for every input tensor of a Scope or Program (numpy default_rng(seed)).
-
-    ``integer_valued`` draws whole numbers in [low, high] instead (exact arithmetic).
-    """
-    rng = np.random.default_rng(seed)
-    result = {}
-    for name, shape in sorted(tensor_shapes(expr).items()):
-        if integer_valued:
-            result[name] = rng.integers(int(np.ceil(low)), int(np.floor(high)) + 1, size=shape).astype(np.float64)
-        else:
-            result[name] = rng.uniform(low, high, size=shape)
-    return result
 
 
 def inputs_for(expr, **kwargs) -> st.SearchStrategy[dict]:
