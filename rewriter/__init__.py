@@ -13,7 +13,7 @@ The layers, bottom to top (each imports only those below it; see DESIGN.md):
     (codegen)   kernels to executables: BLAS, TVM, measurement (a top-level package)
     pipeline    derive (Algorithm 2) and the program optimizer (Algorithm 1)
     frontends   ONNX, PyTorch, the model zoo
-    testing     property-test harness and hypothesis strategies (needs hypothesis)
+    testing     the property-test harness and hypothesis strategies (strategies need hypothesis)
 """
 
 from .frontends import from_torch, load_onnx, zoo

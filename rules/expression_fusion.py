@@ -1,6 +1,6 @@
 """Expression fusion and merging across the expressions of a program (OLLIE 4.1, Figure 5)."""
 
-from rewriter.ir import Iterator, Program, Scope, Tensor, Var, inline, replace_reads, tensor_shapes
+from rewriter.ir import Iterator, Program, Scope, Tensor, Var, inline, nested_scopes, replace_reads, tensor_shapes
 from rewriter.search.dsl import rule
 
 
@@ -8,7 +8,7 @@ def _readers(program: Program, name: str) -> list[str]:
     return [n for n, e in program.definitions if name in tensor_shapes(e)]
 
 
-@rule("expression fusion", section="4.1", kind="inter", takes="program")
+@rule("expression fusion", section="4.1", kind="inter")
 def fuse_expressions(program: Program):
     """Fuse a producer into its only consumer by the chain rule (OLLIE 4.1):
 
@@ -30,7 +30,9 @@ def fuse_expressions(program: Program):
 
 
 def _differ_in_one_input(first: Scope, second: Scope):
-    """The one pair of input tensors (same shape) whose renaming makes the scopes equal, or None."""
+    """The one pair of input tensors (same shape) whose renaming makes the scopes equal, or None.
+    The differing input must be read by the scope itself, not inside a nested scope: the batch
+    iterator that selects among the stacked inputs is bound by the outer traversal only."""
     a_names, b_names = tensor_shapes(first), tensor_shapes(second)
     only_a, only_b = set(a_names) - set(b_names), set(b_names) - set(a_names)
     if len(only_a) != 1 or len(only_b) != 1:
@@ -38,11 +40,13 @@ def _differ_in_one_input(first: Scope, second: Scope):
     (a,), (b,) = only_a, only_b
     if a_names[a] != b_names[b] or first.traversal != second.traversal:
         return None
+    if any(a in tensor_shapes(inner) for inner in nested_scopes(first)):
+        return None
     renamed = second.with_body(replace_reads(second.body, b, lambda ix: Tensor(a, b_names[b])[ix]))
     return (a, b) if renamed == first else None
 
 
-@rule("expression merging (batch)", section="4.1", kind="inter", takes="program")
+@rule("expression merging (batch)", section="4.1", kind="inter")
 def merge_into_batch(program: Program):
     """Merge n expressions that differ only in one input into one batched expression (4.1):
 
@@ -53,7 +57,8 @@ def merge_into_batch(program: Program):
     is in bounds for one b only), so Matmuls sharing B become one BatchMatmul (Figure 5), and
     the Q, K and V projections of attention one. For each definition, the later ones that
     differ from it in the same input join it. The differing inputs must be program inputs (the
-    batched expression replaces the first one, where a later definition may not exist yet).
+    batched expression replaces the first one, where a later definition may not exist yet),
+    read outside nested scopes (b is bound by the outer traversal).
     """
     defs = program.definitions
     defined = dict(defs)

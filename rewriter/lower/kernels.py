@@ -94,7 +94,12 @@ class Candidate:
 
     @property
     def cost(self) -> float:
+        """The analytic stand-in: the sum of the kernels' (a compiled program measures its own)."""
         return sum(k.cost for k in self.kernels)
+
+    def timings(self) -> list[tuple[Kernel, float]]:
+        """Each kernel with its cost, as a compiled program gives its measured ones."""
+        return [(k, k.cost) for k in self.kernels]
 
     def __call__(self, **inputs) -> np.ndarray:
         values = {name: np.asarray(value, dtype=np.float64) for name, value in inputs.items()}

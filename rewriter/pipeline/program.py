@@ -267,6 +267,10 @@ def optimize_program(
     if not isinstance(program, Program):
         raise ExpressionError(f"optimize_program() takes a Program, got {type(program).__name__}")
     backend = as_backend(backend)
+    if not (hasattr(backend, "stitch") and hasattr(backend, "fuse_boundaries")):
+        raise ExpressionError(
+            f"optimize_program() stitches compiled programs: backend {backend.name!r} compiles none (use 'cpu')"
+        )
     deadline = None if time_limit is None else time.perf_counter() + time_limit
     interrupted = False
     try:

@@ -2,7 +2,7 @@
 
 A parametric rule is a Python generator from a scope to equivalent scopes::
 
-    from rewriter.dsl import rule
+    from rewriter.search.dsl import rule
 
     @rule("summation splitting", section="4.2", kind="explorative")
     def split_summation(scope):
@@ -17,8 +17,8 @@ every step and cost nothing; ``guided`` rules are applied by guided derivation (
 scopes that have an operator's shape but match no operator; one declared with ``targets=True``
 takes the target operator's iterator mapping table as a second argument (OLLIE's
 GUIDEDDERIVE(E, T)) and proposes nothing without one; ``inter`` rules are OLLIE's
-inter-expression rules (splitting, merging, fusion), which the program-level optimizer applies
-before derivation (Algorithm 1); they may take a Program.
+inter-expression rules (fusion, merging into a batch): generators from a Program to equivalent
+Programs, which the program-level optimizer applies before derivation (Algorithm 1).
 
 A pattern rule is an egglog rewrite over the term classes of ``rewriter.egraph`` and runs natively
 inside the e-graph: ``pattern("x * 1", section=..., rewrite=rewrite(x * one).to(x))``.
@@ -54,15 +54,19 @@ class Rule:
     doc: str
     generate: Callable[[Scope], Iterable[Scope]] | None = field(default=None, compare=False)
     rewrites: tuple = field(default=(), compare=False)
-    takes: str = "scope"  # "scope", or "program" for inter-expression rules over a Program
     targets: bool = False  # a guided rule that takes the target operator's iterator mapping table
+
+    @property
+    def on_programs(self) -> bool:
+        """Inter-expression rules rewrite whole programs; every other kind one scope."""
+        return self.kind == "inter"
 
     def apply(self, scope: Scope | Program, target=None) -> list:
         """Every right-hand side of the rule on ``scope``, each checked to have the same outputs.
         ``target``: for a rule declared with ``targets=True``, the iterator mapping table of the
         operator the scope is guided toward (passed as the generator's second argument; without
         one such a rule proposes nothing); other rules ignore it."""
-        if self.generate is None or isinstance(scope, Program) != (self.takes == "program"):
+        if self.generate is None or isinstance(scope, Program) != self.on_programs:
             return []
         if self.targets and target is None:
             return []
@@ -131,25 +135,22 @@ def rule(
     *,
     section: str,
     kind: str = "explorative",
-    takes: str = "scope",
     targets: bool = False,
     register: bool = True,
 ):
-    """Declare a parametric rule: decorate a generator ``scope -> equivalent scopes``.
+    """Declare a parametric rule: decorate a generator ``scope -> equivalent scopes``
+    (``kind="inter"``: ``program -> equivalent programs``).
 
-    ``takes="program"`` declares an inter-expression rule over whole Programs instead.
     ``targets=True`` (guided rules only) declares a generator ``(scope, target) -> scopes`` that
     derives toward the operator whose iterator mapping table is ``target`` (OLLIE 5.2).
     ``register=False`` checks the declaration but keeps the rule out of the engine's registry
     (for experiments and tests; pass it to ``explore(rules=...)`` explicitly).
     """
-    if takes not in ("scope", "program"):
-        raise RuleError(f"rule {name!r}: takes must be 'scope' or 'program', got {takes!r}")
     if targets and kind != "guided":
         raise RuleError(f"rule {name!r}: only guided rules take a target operator, this one is {kind!r}")
 
     def decorate(fn: Callable[[Scope], Iterable[Scope]]) -> Rule:
-        declared = Rule(name, section, kind, fn.__doc__ or "", generate=fn, takes=takes, targets=targets)
+        declared = Rule(name, section, kind, fn.__doc__ or "", generate=fn, targets=targets)
         return _register(declared, register)
 
     return decorate

@@ -47,7 +47,7 @@ Public API (every strategy takes keyword parameters; defaults give small, fast e
 
 ``rewritten(*, max_steps=2, rules=None, **params)``
     An expression of ``expressions(**params)`` after 0..``max_steps`` random rule applications,
-    each of a random rule among ``rules`` (default: every registered rule that takes a scope)
+    each of a random rule among ``rules`` (default: every registered rule that rewrites a scope)
     that applies, so that shapes rules produce (nested scopes to tighten or merge, substituted
     iterators) are drawn too.
 
@@ -702,11 +702,11 @@ def _rule(rule: Rule | str) -> Rule:
     return by_name[rule]
 
 
-def _walk_rules(rules, takes: str, exclude: Rule | None = None) -> tuple[Rule, ...]:
-    """The rules random steps choose from: ``rules`` (default every registered one) that take
-    ``takes`` ("scope" or "program"), without ``exclude``, by name (a stable order to draw from)."""
+def _walk_rules(rules, on_programs: bool, exclude: Rule | None = None) -> tuple[Rule, ...]:
+    """The rules random steps choose from: ``rules`` (default every registered one) that rewrite
+    programs (``on_programs``) or scopes, without ``exclude``, by name (a stable order to draw from)."""
     pool = registered() if rules is None else [_rule(r) for r in rules]
-    return tuple(sorted((r for r in pool if r.takes == takes and r != exclude), key=lambda r: r.name))
+    return tuple(sorted((r for r in pool if r.on_programs == on_programs and r != exclude), key=lambda r: r.name))
 
 
 def _step(draw, expr, pool: tuple[Rule, ...]):
@@ -728,7 +728,7 @@ def _step(draw, expr, pool: tuple[Rule, ...]):
 def rewritten(draw, *, max_steps: int = 2, rules=None, **params):
     """An expression of ``expressions(**params)`` after 0..max_steps random rule applications."""
     expr = draw(expressions(**params))
-    pool = _walk_rules(rules, "scope")
+    pool = _walk_rules(rules, on_programs=False)
     for _ in range(draw(_ints(0, max_steps))):
         expr = _step(draw, expr, pool)
     return expr
@@ -739,9 +739,8 @@ def applicable(draw, rule: Rule | str, *, max_steps: int = 2, rules=None, tries:
     """An expression (a Program, for a rule that takes one) that ``rule`` has at least one
     application to (see the module docstring); ``**params`` go to ``expressions``/``programs``."""
     rule = _rule(rule)
-    takes = rule.takes
-    pool = _walk_rules(rules, takes, exclude=rule)
-    base = programs(**params) if takes == "program" else expressions(**params)
+    pool = _walk_rules(rules, rule.on_programs, exclude=rule)
+    base = programs(**params) if rule.on_programs else expressions(**params)
     for _ in range(tries):
         expr = draw(base)
         if applications(rule, expr):
