@@ -50,9 +50,6 @@ class Div:
     divisor: int
 
 
-FloorDiv = Div
-
-
 @dataclass(frozen=True)
 class Mod:
     """form mod divisor (in [0, divisor)) as an atom."""
