@@ -38,6 +38,9 @@ def tighten_boundary(scope: Scope):
             yield _rebuild(scope, access, _with_box(inner, support))
 
 
+RELAX_GROWTH = 2
+
+
 @rule("boundary relaxing", section="4.2")
 def relax_boundary(scope: Scope):
     """Grow a nested scope's ranges to cover every point the outer scope reads (OLLIE 4.2):
@@ -46,7 +49,9 @@ def relax_boundary(scope: Scope):
 
     Sound only where f is 0 on the added points (they read only padding): then the reads that
     used to fall outside the box and give 0 still give 0. Once every read is inside the box,
-    traversal merging can inline the scope.
+    traversal merging can inline the scope. Relaxing adds a halo (a convolution's padding), not
+    a far region: a range may grow to at most ``RELAX_GROWTH`` times its size plus 2, so a read
+    a million points out of range (all padding) does not make a scope of a million points.
     """
     outer = scope.box
     for access in nested_reads(scope.body):
@@ -56,7 +61,8 @@ def relax_boundary(scope: Scope):
         for it, ix in zip(inner.traversal, access.indices):
             lo, hi = index_bounds(ix, outer)
             grown[it.name] = (min(it.lo, lo), max(it.hi, hi + 1))
-        if grown == ranges:
+        too_far = any(grown[it.name][1] - grown[it.name][0] > RELAX_GROWTH * it.size + 2 for it in inner.traversal)
+        if grown == ranges or too_far:
             continue
         relaxed = _with_box(inner, grown)
         support = padding_support(relaxed)

@@ -200,6 +200,17 @@ def test_relaxing_refuses_to_expose_non_zero_points():
     assert RULES["boundary relaxing"].apply(e) == []
 
 
+def test_relaxing_adds_a_halo_not_a_far_region():
+    # a read one point past each end is a convolution's padding: relaxed; a read a million points
+    # out (all padding) would make a scope of a million points, which the reference evaluator
+    # and every kernel after it would then compute
+    halo = parse("L h:6 ; { L t:1..5 ; A[t-1] }[h]", {"A": (4,)})
+    (relaxed,) = RULES["boundary relaxing"].apply(halo)
+    assert "t:6" in str(relaxed)
+    far = parse("L h:6 ; { L t:1..5 ; A[t-1] }[h+1000000]", {"A": (4,)})
+    assert RULES["boundary relaxing"].apply(far) == []
+
+
 def test_split_substitution_for_strided_access():
     e = parse("L h:4, x:2 ; A[x] * K[h+1-2*x]", {"A": (2,), "K": (4,)})
     results = RULES["variable substitution"].apply(e)
