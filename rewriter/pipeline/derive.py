@@ -1,17 +1,20 @@
 """``derive(expr)``: hybrid derivation (OLLIE Algorithm 2) to verified, measured programs.
 
-Explorative rounds (``rewriter.search.explore``) reach states up to ``max_depth``; every state,
-and the states guided steps reach from it (``guide``), is instantiated (``rewriter.lower``:
-matched operators where the iterator mapping tables match, layout eOperators where a split or
-merged dimension makes one match, eOperators elsewhere) into a candidate program. The identity
-candidate, the whole expression as one eOperator, is always in the race. Extraction from the
-e-graph adds the program that combines the cheapest form of every nested scope (``select``).
+The search runs level by level (``rewriter.search.explore_levels``), and each level is used
+before the next is searched (anytime): every new state, and the states guided steps reach from
+it (``guide``), is instantiated (``rewriter.lower``: matched operators where the iterator mapping
+tables match, layout eOperators where a split or merged dimension makes one match, eOperators
+elsewhere) into a candidate program; then the best few candidates found so far that are not
+checked yet are run on random inputs and compared with ``evaluate(expr)`` (``verify``), and
+those that agree are compiled by the backend (``codegen.backend``), checked again and measured.
+A mismatch is dropped and logged in ``rejected``, never returned. So a deeper ``max_depth``
+never loses what a shallower one verified: its levels start with the shallower search's. The
+identity candidate, the whole expression as one eOperator, is always in the race.
 
-Each kept candidate is run on random inputs and compared with ``evaluate(expr)`` (``verify``);
-a mismatch is dropped and logged in ``rejected``, never returned. The survivors are compiled by
-the backend (``codegen.backend``), checked again, and measured; with a measuring backend,
-extraction runs again with the measured kernel times, and the fastest few are timed again in
-turns before the choice.
+After the levels: lighter and re-laid-out forms of the best candidates (guided steps), and
+extraction from the e-graph, which combines the cheapest form of every nested scope
+(``select``), with the measured kernel times; the fastest few are timed again in turns before
+the choice.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 from codegen.backend import Backend, as_backend
 from rewriter.ir import ExpressionError, Scope, tensor_shapes
 from rewriter.lower import Candidate, Kernel, instantiate, postprocess
-from rewriter.search import SearchStats, State, explore, fingerprint, registered
+from rewriter.search import SearchStats, State, explore_levels, fingerprint, registered
 
 from .guide import Guide, guided, lightened
 from .select import Extraction, admitted, diverse, key, oversized
@@ -64,9 +67,10 @@ def derive(
 
     ``weights`` names the inputs that are model weights: kernels reading only them are marked for
     compile-time evaluation (post-processing, OLLIE 5.4). ``time_limit`` (seconds, 300 by default,
-    None for no limit) bounds the whole derivation: 40% for the search, 20% for candidate
-    generation, the rest for compiling and measuring (depth 7 on a convolution does not finish
-    in minutes on a small machine). Past the limit only the identity and, if none agreed yet,
+    None for no limit) bounds the whole derivation: 60% for the levels (search, candidates,
+    verification and measurement, level by level), the rest for the best candidates' lighter
+    forms, extraction and the final race (depth 7 on a convolution does not finish in minutes
+    on a small machine). Past the limit only the identity and, if none agreed yet,
     one more candidate are still compiled, so a naive full-size kernel can overrun it.
 
     ``backend`` (a ``codegen.backend`` object, or its name) compiles and measures the verified
@@ -78,33 +82,45 @@ def derive(
         raise ExpressionError(f"derive() takes a Scope, got {type(expr).__name__}")
     backend = as_backend(backend)
     started = time.perf_counter()
-    # 40% of the time budget explores, guided steps and instantiation take the next 20%, and
-    # compiling, measuring and extraction from the e-graph the rest (at full size a naive
-    # kernel takes seconds to compile and time)
-    exploration = explore(expr, max_depth, time_limit=time_limit and 0.4 * time_limit, max_states=max_states)
+    # levels (search, instantiation, verification and measurement, level by level) take 60% of
+    # the time budget; lighter and re-laid-out forms of the best, extraction from the e-graph
+    # and the final race the rest (at full size a naive kernel takes seconds to compile and time)
     deadline = None if time_limit is None else started + time_limit
-    candidates_until = None if time_limit is None else started + 0.6 * time_limit
+    levels_until = None if time_limit is None else started + 0.6 * time_limit
     identity = Candidate([Kernel("eop", "out", expr)])
     as_given = postprocess(instantiate(expr), weights)  # the input's own scopes, instantiated
     found = {key(as_given): as_given, key(identity): identity}  # equal keys: the identity stays
     guide = Guide(registered("guided"), registered("explorative"), registered("eager"))
-    seen = {state.fingerprint for state in exploration.states}
-    extraction = Extraction(exploration.graph, expr, weights) if exploration.graph is not None else None
+    rng = np.random.default_rng(seed)
+    inputs = {name: rng.uniform(-1, 1, shape) for name, shape in tensor_shapes(expr).items()}
+    check = Check(expr, inputs, rtol, sampled=terms(expr) > FULL_CHECK_TERMS, rng=rng)
+    measuring = _Measuring(backend, check, identity, deadline)
+    seen: set = set()
+    levels = explore_levels(expr, max_depth, time_limit=time_limit and 0.6 * time_limit, max_states=max_states)
+    exploration = None
     try:
-        for state in exploration.states:
-            if candidates_until is not None and time.perf_counter() > candidates_until:
-                exploration.stats.stop_reason = "time"
+        for exploration, level in levels:
+            seen.update(state.fingerprint for state in level)
+            for state in level:
+                if levels_until is not None and time.perf_counter() > levels_until:
+                    exploration.stats.stop_reason = "time"
+                    break
+                for derived in [state, *guided(state, guide, seen, guided_depth)]:
+                    candidate = admitted(postprocess(instantiate(derived.expr), weights), identity, expr)
+                    if candidate is not None:
+                        candidate.source = derived
+                        found.setdefault(key(candidate), candidate)
+            measuring.verify(diverse(sorted(found.values(), key=lambda c: c.cost)), keep)
+            if exploration.stats.stop_reason == "time":
                 break
-            for derived in [state, *guided(state, guide, seen, guided_depth)]:
-                candidate = admitted(postprocess(instantiate(derived.expr), weights), identity, expr)
-                if candidate is not None:
-                    candidate.source = derived
-                    found.setdefault(key(candidate), candidate)
-        extracted = extraction and extraction.best(deadline)
-        if extracted and (candidate := admitted(extracted, identity, expr)):
-            found.setdefault(key(candidate), candidate)
     except KeyboardInterrupt:  # Ctrl-C: what was found so far is still verified and returned
+        if exploration is None:
+            raise
         exploration.stats.stop_reason = "interrupted"
+    extraction = Extraction(exploration.graph, expr, weights) if exploration.graph is not None else None
+    extracted = extraction and extraction.best(deadline)
+    if extracted and (candidate := admitted(extracted, identity, expr)):
+        found.setdefault(key(candidate), candidate)
     ranked = diverse(sorted(found.values(), key=lambda c: c.cost))
     for candidate in ranked[:keep]:  # the best again: lighter eOperators, operands re-laid out for larger GEMMs
         source = State(expr, (), fingerprint(expr)) if candidate is as_given else candidate.source
@@ -116,18 +132,8 @@ def derive(
             if again and key(again) not in found:
                 again.source = state
                 found[key(again)] = again
-    ranked = diverse(sorted(found.values(), key=lambda c: c.cost))
-    rng = np.random.default_rng(seed)
-    inputs = {name: rng.uniform(-1, 1, shape) for name, shape in tensor_shapes(expr).items()}
-    check = Check(expr, inputs, rtol, sampled=terms(expr) > FULL_CHECK_TERMS, rng=rng)
-    verified = []
-    for candidate in ranked:
-        if len(verified) >= keep and candidate is not identity:
-            continue
-        if check.sampled or check.reference(candidate):  # sampled: the compiled program is checked
-            verified.append(candidate)
-    verified.sort(key=lambda c: c.cost)
-    programs = _measured(backend, check, verified, extraction if backend.measures else None, deadline, identity)
+    measuring.verify(diverse(sorted(found.values(), key=lambda c: c.cost)), keep)
+    programs = measuring.finish(extraction if backend.measures else None)
     return Derivation(expr, programs, exploration.stats, check.rejected)
 
 
@@ -139,57 +145,78 @@ EXTRACTION_ROUNDS = 3
 RACE = 3
 
 
-def _measured(backend: Backend, check: Check, candidates: list[Candidate], extraction, deadline, identity) -> list:
-    """Each candidate compiled by ``backend``, run and checked against the reference again, and
-    measured; the result is ordered by cost. A compiled program that disagrees is dropped and
-    its rule path logged in ``rejected``. Past the ``deadline`` a measuring backend compiles only
-    the ``identity`` (the never-slower fallback) and, if none agreed yet, the next candidate by
-    analytic cost: at full size one naive kernel takes seconds to compile and time. Then
-    extraction from the e-graph with the measured kernel times (``Extraction``; None: the
-    backend measures nothing) may choose a program not yet among them: it is verified, compiled
-    and measured in turn, up to ``EXTRACTION_ROUNDS`` times while the time budget lasts. Last,
-    the ``RACE`` fastest have their kernels timed again in turns, and their new timings order
-    them."""
-    shapes = {name: value.shape for name, value in check.inputs.items()}
-    compiled, measured = [], set()
+class _Measuring:
+    """The candidates of a derivation checked, compiled and measured as they come, level by
+    level: what a shallower search verified and measured is never lost to a deeper one.
 
-    def add(candidate: Candidate) -> None:
-        measured.add(key(candidate))
-        program = backend.compile(candidate, shapes)
-        if check.compiled(candidate, program, backend.tolerance):
-            backend.measure(program)
-            compiled.append(program)
-            if extraction is not None:
+    ``verify`` checks the first ``keep`` candidates of a ranking that are not checked yet
+    against the reference (the identity always) and compiles each that agrees with the
+    ``backend``, checks the compiled program again and measures it. Past the ``deadline`` a
+    measuring backend compiles only the ``identity`` (the never-slower fallback) and, if none
+    agreed yet, the next candidate: at full size one naive kernel takes seconds to compile and
+    time. A candidate or compiled program that disagrees is dropped and its rule path logged in
+    ``check.rejected``."""
+
+    def __init__(self, backend: Backend, check: Check, identity: Candidate, deadline: float | None):
+        self.backend, self.check, self.identity, self.deadline = backend, check, identity, deadline
+        self.compiled: list = []
+        self.checked: dict[tuple, bool] = {}  # candidate key -> agreed with the reference
+        self.shapes = {name: value.shape for name, value in check.inputs.items()}
+
+    def verify(self, ranked: list[Candidate], keep: int) -> None:
+        agreed = 0
+        for candidate in ranked:
+            if agreed >= keep and candidate is not self.identity:
+                continue
+            if key(candidate) not in self.checked:
+                self.checked[key(candidate)] = self.check.sampled or self.check.reference(candidate)
+                if self.checked[key(candidate)]:  # sampled: the compiled program is checked
+                    self.add(candidate)
+            agreed += self.checked[key(candidate)]
+
+    def add(self, candidate: Candidate) -> None:
+        late = self.backend.measures and self.deadline is not None and time.perf_counter() > self.deadline
+        if late and self.compiled and candidate is not self.identity:
+            return
+        program = self.backend.compile(candidate, self.shapes)
+        if self.check.compiled(candidate, program, self.backend.tolerance):
+            self.backend.measure(program)
+            self.compiled.append(program)
+
+    def finish(self, extraction) -> list:
+        """The compiled programs ordered by cost, after extraction from the e-graph with the
+        measured kernel times (``extraction``; None: the backend measures nothing) had up to
+        ``EXTRACTION_ROUNDS`` chances to choose a program not yet measured, and the ``RACE``
+        fastest had their kernels timed again in turns (their new timings order them)."""
+        if not self.compiled:  # the identity compiles to one generated kernel: this is a code generation bug
+            raise RuntimeError(
+                f"no compiled program for {self.check.expr} agrees with the reference:\n"
+                + "\n".join(self.check.rejected)
+            )
+        for program in self.compiled if extraction is not None else ():
+            extraction.learn(program)
+        for _ in range(EXTRACTION_ROUNDS if extraction is not None else 0):
+            if self.deadline is not None and time.perf_counter() > self.deadline:
+                break
+            candidate = extraction.best(self.deadline)
+            if candidate is None or key(candidate) in self.checked or oversized(candidate.kernels, self.check.expr):
+                break
+            before = len(self.compiled)
+            self.verify([candidate], 1)
+            for program in self.compiled[before:]:
                 extraction.learn(program)
+        self._race()
+        return self.compiled
 
-    for candidate in candidates:
-        late = backend.measures and deadline is not None and time.perf_counter() > deadline
-        if late and compiled and candidate is not identity:
-            continue
-        add(candidate)
-    if not compiled:  # the identity compiles to one generated kernel: this is a code generation bug
-        raise RuntimeError(
-            f"no compiled program for {check.expr} agrees with the reference:\n" + "\n".join(check.rejected)
-        )
-    for _ in range(EXTRACTION_ROUNDS if extraction is not None else 0):
-        if deadline is not None and time.perf_counter() > deadline:
-            break
-        candidate = extraction.best(deadline)
-        if candidate is None or key(candidate) in measured or oversized(candidate.kernels, check.expr):
-            break
-        if check.sampled or check.reference(candidate):
-            add(candidate)
-        else:
-            measured.add(key(candidate))
-    raced = []
-    for _ in range(2):  # a second time if the first race let an unraced program into the front
-        compiled.sort(key=lambda p: p.cost)
-        front = compiled[:RACE]
-        if len(front) < 2 or all(any(p is r for r in raced) for p in front):
-            break
-        if deadline is not None and time.perf_counter() > deadline:
-            break
-        backend.remeasure(front)
-        raced += front
-    compiled.sort(key=lambda p: p.cost)
-    return compiled
+    def _race(self) -> None:
+        raced: list = []
+        for _ in range(2):  # a second time if the first race let an unraced program into the front
+            self.compiled.sort(key=lambda p: p.cost)
+            front = self.compiled[:RACE]
+            if len(front) < 2 or all(any(p is r for r in raced) for p in front):
+                break
+            if self.deadline is not None and time.perf_counter() > self.deadline:
+                break
+            self.backend.remeasure(front)
+            raced += front
+        self.compiled.sort(key=lambda p: p.cost)

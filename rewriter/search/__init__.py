@@ -3,7 +3,7 @@ derivation over the e-graph (``explore``). Depends on ``rewriter.ir``, ``rewrite
 ``rewriter.egraph``; finds the rules of the ``rules`` package at run time and never names one."""
 
 from .dsl import KINDS, Rule, RuleError, fresh_name, pattern, registered, rule, substitute_traversal
-from .explore import Exploration, RoundStats, SearchStats, State, Step, eager_closure, explore
+from .explore import Exploration, RoundStats, SearchStats, State, Step, eager_closure, explore, explore_levels
 from .fingerprint import canonical, fingerprint
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "canonical",
     "eager_closure",
     "explore",
+    "explore_levels",
     "fingerprint",
     "fresh_name",
     "pattern",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from rewriter.egraph import ExpressionGraph
 from rewriter.ir import ExpressionError, Position, Scope, replace_at, scopes_at
@@ -177,6 +177,35 @@ def explore(
     Budgets: ``max_states`` states, ``time_limit`` seconds, ``max_enodes`` e-graph nodes; the
     first exhausted one (or Ctrl-C) stops the search, and ``stats.stop_reason`` says which.
     """
+    exploration = None
+    for exploration, _ in explore_levels(
+        expr,
+        max_depth,
+        rules=rules,
+        max_states=max_states,
+        time_limit=time_limit,
+        max_enodes=max_enodes,
+        use_egraph=use_egraph,
+    ):
+        pass
+    return exploration
+
+
+def explore_levels(
+    expr: Scope,
+    max_depth: int = 4,
+    *,
+    rules: Sequence[Rule] | None = None,
+    max_states: int | None = 200_000,
+    time_limit: float | None = None,
+    max_enodes: int | None = None,
+    use_egraph: bool = True,
+) -> Iterator[tuple[Exploration, list[State]]]:
+    """``explore`` one level at a time: yields ``(exploration so far, the level's new states)``,
+    first ``[root]`` at depth 0, then after each level. Whoever consumes the levels can use a
+    level's states (instantiate, verify, measure them) before the next level is searched, and
+    stop early: what a deeper ``max_depth`` yields starts with exactly what a shallower one does
+    (an anytime search). Same budgets as ``explore``; the last yield carries the stop reason."""
     if not isinstance(expr, Scope):
         raise ExpressionError(f"explore() takes a Scope, got {type(expr).__name__}")
     if max_depth < 0:
@@ -198,16 +227,23 @@ def explore(
     if graph is not None:
         graph.union(expr, canonical(expr))  # the root as given, for extraction to start from
         graph.union(canonical(expr), canonical(start))
+    exploration = Exploration(expr, [root], stats, graph)
     frontier = [root]
     memo: dict = {}
-    try:
-        for depth in range(1, max_depth + 1):
-            if not frontier:
-                stats.stop_reason = "saturated"
-                break
-            current = RoundStats(depth)
-            stats.rounds.append(current)
-            frontier = _expand(frontier, explorative, eager, states, current, graph, budget, stats, memo)
+    if max_depth == 0:
+        stats.stop_reason = "depth"
+    yield exploration, [root]
+    for depth in range(1, max_depth + 1):
+        if not frontier and not stats.stop_reason:
+            stats.stop_reason = "saturated"
+        if stats.stop_reason:
+            stats.seconds = time.perf_counter() - started
+            return
+        current = RoundStats(depth)
+        stats.rounds.append(current)
+        level: list[State] = []  # filled as states are found: a Ctrl-C keeps what was found
+        try:
+            _expand(frontier, level, explorative, eager, states, current, graph, budget, stats, memo)
             if graph is not None:
                 tick = time.perf_counter()
                 graph.run()  # the e-graph's native eager rewrites (index arithmetic)
@@ -215,25 +251,24 @@ def explore(
                     graph.run("")  # the registered pattern rules
                 current.enodes, current.eclasses = graph.size()
                 current.rebuild_s += time.perf_counter() - tick
-            if stats.stop_reason:
-                break
-        else:
+        except KeyboardInterrupt:
+            stats.stop_reason = "interrupted"
+        if not stats.stop_reason and depth == max_depth:
             stats.stop_reason = "depth"
-    except KeyboardInterrupt:
-        stats.stop_reason = "interrupted"
-    stats.seconds = time.perf_counter() - started
-    return Exploration(expr, list(states.values()), stats, graph)
+        exploration.states = list(states.values())
+        stats.seconds = time.perf_counter() - started
+        frontier = level
+        yield exploration, level
 
 
-def _expand(frontier, explorative, eager, states, current, graph, budget, stats, memo) -> list[State]:
-    new_frontier: list[State] = []
+def _expand(frontier, new_frontier, explorative, eager, states, current, graph, budget, stats, memo) -> None:
     for state in frontier:
         for position, scope in list(scopes_at(state.expr)):
             for rule_ in explorative:
                 reason = budget.exhausted(len(states), current.enodes)
                 if reason:
                     stats.stop_reason = reason
-                    return new_frontier
+                    return
                 tick = time.perf_counter()
                 key = (rule_.name, scope)
                 if key not in memo:  # the same sub-scope recurs in many states
@@ -249,7 +284,7 @@ def _expand(frontier, explorative, eager, states, current, graph, budget, stats,
                 for result in results:
                     if budget.max_states is not None and len(states) >= budget.max_states:
                         stats.stop_reason = "states"  # a rule with many results stops mid-way
-                        return new_frontier
+                        return
                     current.applications[rule_.name] += 1
                     child = _derive(state, position, scope, result, rule_, eager, graph, current, memo)
                     if child.fingerprint in states:
@@ -260,7 +295,6 @@ def _expand(frontier, explorative, eager, states, current, graph, budget, stats,
                     new_frontier.append(child)
                 # e-graph insertion inside _derive is counted in rebuild_s, not here
                 current.apply_s += time.perf_counter() - tock - (current.rebuild_s - egraph_before)
-    return new_frontier
 
 
 def _derive(state: State, position, scope, result, rule_, eager, graph, current, memo) -> State:
