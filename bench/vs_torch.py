@@ -38,37 +38,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from torch_cases import torch_version  # noqa: E402
 
 from codegen import CpuBackend, compile_scope  # noqa: E402
 from rewriter import derive, evaluate  # noqa: E402
 from rewriter.cases import CASES  # noqa: E402
 
 WEIGHTS = {"conv3x3": ("K",), "convtranspose": ("K",), "conv5x5": ("K",), "g2bmm": ()}
-
-
-def torch_version(name: str, inputs: dict):
-    """(function, its tensor arguments) computing the case in PyTorch's native layouts."""
-    t = {n: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for n, v in inputs.items()}
-    if name == "conv3x3":  # NHWC / RSFC in the case: NCHW / FCRS for torch
-        args = (t["A"].permute(0, 3, 1, 2).contiguous(), t["K"].permute(2, 3, 0, 1).contiguous())
-        return (lambda a, k: F.conv2d(a, k, padding=1)), args
-    if name == "convtranspose":
-        args = (t["A"].permute(0, 3, 1, 2).contiguous(), t["K"].permute(3, 2, 0, 1).contiguous())
-        return (lambda a, k: F.conv_transpose2d(a, k, stride=2, padding=1)), args
-    if name == "conv5x5":
-        return (lambda a, k: F.conv2d(a, k, padding=2)), (t["A"], t["K"])
-    if name == "g2bmm":  # out[b, i, j] = sum_k Q[b, i, k] Kt[b, i + 4j - 128, k]: a padded strided view
-
-        def g2bmm(q, kt):
-            padded = F.pad(kt, (0, 0, 128, 128))
-            b, n, d = q.shape
-            s = padded.stride()
-            window = padded.as_strided((b, n, 65, d), (s[0], s[1], 4 * s[1], s[2]))
-            return torch.einsum("bik,bijk->bij", q, window)
-
-        return g2bmm, (t["Q"], t["Kt"])
-    raise KeyError(name)
 
 
 def interleaved(functions: dict, rounds: int) -> dict:

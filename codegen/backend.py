@@ -28,6 +28,7 @@ import numpy as np
 from rewriter.ir import ExpressionError
 from rewriter.lower import Candidate
 
+from .cuda import CudaBackend
 from .measure import MeasurementDB, device_id
 from .program import CompiledProgram, Fusion, compile_candidate, fuse_boundaries, remeasure, stitch
 
@@ -108,11 +109,11 @@ class ReferenceBackend:
         pass
 
 
-BACKENDS = {"cpu": CpuBackend, "reference": ReferenceBackend}
+BACKENDS = {"cpu": CpuBackend, "reference": ReferenceBackend, "cuda": CudaBackend}
 
 
 def as_backend(backend: str | Backend) -> Backend:
-    """A backend object from itself or from its name (``"cpu"``, ``"reference"``)."""
+    """A backend object from itself or from its name (``"cpu"``, ``"reference"``, ``"cuda"``)."""
     if not isinstance(backend, str):
         return backend
     if backend not in BACKENDS:

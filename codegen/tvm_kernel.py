@@ -391,8 +391,11 @@ def _fits_int32(indices, lows, shape, box) -> bool:
     return max(subs + [offset, math.prod(shape)]) <= _INT32
 
 
-def _lowered(scope: Scope, dtype: str, pad: bool) -> _Lowering:
-    """int32 indices (the fast common case), int64 where a far read needs them."""
+def lower_to_te(scope: Scope, dtype: str, pad: bool) -> _Lowering:
+    """``scope`` as TVM tensor expressions (its stages, the placeholders ``inputs`` named by the
+    scope's tensors, the ``output`` stage named "out"): int32 indices (the fast common case),
+    int64 where a far read needs them. Both targets, CPU here and CUDA (``codegen.cuda_kernel``),
+    start from it."""
     lowering = _Lowering(scope, dtype, pad, "int32")
     return lowering if lowering.fits_int32 else _Lowering(scope, dtype, pad, "int64")
 
@@ -630,7 +633,7 @@ def _used_ops(output: tvm.te.Tensor) -> set:
 def _module(scope: Scope, dtype: str, params: Schedule, target) -> tvm.IRModule:
     """The kernel's module under ``params``, or its plain loops (always sound) when a schedule
     primitive refuses ``params``."""
-    lowering = _lowered(scope, dtype, params.pad)
+    lowering = lower_to_te(scope, dtype, params.pad)
     try:
         return _scheduled(lowering, params, target)
     except _fallback():

@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from codegen.backend import CpuBackend, ReferenceBackend
+from codegen.backend import CpuBackend, CudaBackend, ReferenceBackend
 from codegen.measure import default_path
 
 from .cases import CASES, PUBLIC_CASES
@@ -101,11 +101,20 @@ def cmd_derive(args, console: Console) -> int:
     shapes = dict(_parse_shape(s) for s in args.shape)
     expr = parse(args.expression, shapes) if args.expression not in CASES else CASES[args.expression].expression()
     start = time.perf_counter()
-    backend = CpuBackend(tune=args.tune) if args.backend == "cpu" else ReferenceBackend()
+    if (args.bundles or args.timings) and args.backend != "cuda":
+        raise ExpressionError("--bundles and --timings go with --backend cuda")
+    backends = {
+        "cpu": lambda: CpuBackend(tune=args.tune),
+        "reference": ReferenceBackend,
+        "cuda": lambda: CudaBackend(bundles=args.bundles, timings=args.timings),
+    }
+    backend = backends[args.backend]()
     derivation = derive(expr, max_depth=args.max_depth, time_limit=args.time_limit, backend=backend)
     elapsed = time.perf_counter() - start
     console.print(f"{len(derivation.candidates)} verified candidates in {elapsed:.1f} s")
-    measured = args.backend == "cpu"
+    if args.bundles:
+        console.print(f"every compiled candidate written to {args.bundles} (python -m bundle measure it on a GPU)")
+    measured = backend.measures
     table = Table()
     for column in ("#", "kernels", "measured ms" if measured else "estimated ms"):
         table.add_column(column, no_wrap=True)
@@ -277,11 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     dv.add_argument("--show", type=int, default=5, metavar="N", help="candidates to list")
     dv.add_argument(
         "--backend",
-        choices=("cpu", "reference"),
+        choices=("cpu", "reference", "cuda"),
         default="cpu",
-        help="cpu: compile and measure (default); reference: numpy, analytic ranking",
+        help="cpu: compile and measure (default); reference: numpy, analytic ranking; "
+        "cuda: cuBLAS + TVM CUDA bundles, measured on the GPU (here, or via --bundles/--timings)",
     )
-    dv.add_argument("--out", metavar="DIR", help="save the best compiled program here (cpu backend)")
+    dv.add_argument("--out", metavar="DIR", help="save the best compiled program here (cpu, cuda)")
+    dv.add_argument("--bundles", metavar="DIR", help="cuda: write every compiled candidate here, to measure on a GPU")
+    dv.add_argument("--timings", metavar="FILE", help="cuda: timings from `python -m bundle measure` on a GPU")
     dv.add_argument("--tune", type=int, default=0, metavar="N", help="race up to N TVM schedules per kernel")
     op = sub.add_parser("optimize", help="optimize a model (an ONNX file or a zoo name) subprogram by subprogram")
     op.add_argument("model")

@@ -26,14 +26,28 @@ settings.register_profile("dev", max_examples=30, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
+def _gpu() -> str | None:
+    """Why the GPU tests cannot run here, or None when they can."""
+    try:
+        import cupy
+    except ImportError:
+        return "needs CuPy (pip install '.[gpu]')"
+    try:
+        return None if cupy.cuda.runtime.getDeviceCount() > 0 else "needs an NVIDIA GPU"
+    except cupy.cuda.runtime.CUDARuntimeError as err:
+        return f"needs an NVIDIA GPU ({err})"
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``slow`` (full-size searches, minutes each) run with ``RUN_SLOW=1`` or
-    ``-m slow``; the default run skips them so it stays well under CI's budget."""
-    if os.environ.get("RUN_SLOW") or "slow" in (config.getoption("markexpr") or ""):
-        return
+    ``-m slow``; the default run skips them so it stays well under CI's budget. Tests marked
+    ``gpu`` skip, saying why, where CuPy or the GPU is missing."""
     import pytest
 
-    skip = pytest.mark.skip(reason="slow: set RUN_SLOW=1 or pass -m slow")
+    no_gpu = _gpu() if any("gpu" in item.keywords for item in items) else None
+    run_slow = os.environ.get("RUN_SLOW") or "slow" in (config.getoption("markexpr") or "")
     for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow: set RUN_SLOW=1 or pass -m slow"))
+        if "gpu" in item.keywords and no_gpu:
+            item.add_marker(pytest.mark.skip(reason=no_gpu))

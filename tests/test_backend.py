@@ -50,7 +50,7 @@ def test_backends_by_name_and_a_clear_error_for_an_unknown_one():
     assert isinstance(as_backend("reference"), ReferenceBackend)
     backend = Recording()
     assert as_backend(backend) is backend
-    with pytest.raises(ExpressionError, match="unknown backend 'gpu'; known: cpu, reference"):
+    with pytest.raises(ExpressionError, match="unknown backend 'gpu'; known: cpu, reference, cuda"):
         derive(parse("L i:4 ; A[i]", {"A": (4,)}), max_depth=0, backend="gpu")
 
 

@@ -14,7 +14,7 @@ import tvm
 from hypothesis import given, settings
 
 from codegen import CodegenError, Schedule, TvmKernel, candidate_schedules, compile_scope
-from codegen.tvm_kernel import _lowered, _scheduled, cache_path, host_target
+from codegen.tvm_kernel import _scheduled, cache_path, host_target, lower_to_te
 from rewriter import conv2d, conv_transpose2d, evaluate, g2bmm, matmul, parse
 from rewriter.cases import CASES
 from rewriter.testing.strategies import ALL_FUNCTIONS, expressions_with_inputs, random_inputs
@@ -64,7 +64,7 @@ def test_schedules_apply_without_falling_back(expr_inputs):
     # a refused schedule falls back to plain loops silently (sound, slow): keep that rare
     expr, _ = expr_inputs
     for schedule in (Schedule(), Schedule(reduction_vector=True)):
-        _scheduled(_lowered(expr, "float64", schedule.pad), schedule, host_target())
+        _scheduled(lower_to_te(expr, "float64", schedule.pad), schedule, host_target())
 
 
 # --------------------------------------------------------------------------------------------
