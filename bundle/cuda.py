@@ -55,6 +55,8 @@ class CudaProgram:
         self._scalars = (np.ones((), self.dtype), np.zeros((), self.dtype))  # alpha, beta (host pointers)
         self.steps = [self._call(step) for step in bundle.steps]
         self.graph = None
+        # allocations and uploads ran on the default stream, which a non-blocking one does not wait for
+        cp.cuda.Device().synchronize()
         with self.stream:
             for step, call in zip(bundle.steps, self.steps):
                 if step.once:
@@ -67,7 +69,10 @@ class CudaProgram:
             launches = []
             for launch in step.launches:
                 args = tuple(self.buffers[a] if isinstance(a, str) else np.int32(a) for a in launch.args)
-                launches.append((module.get_function(launch.function), launch.grid, launch.block, args, launch.shared))
+                function = module.get_function(launch.function)
+                if launch.shared > 48 * 1024:  # past the default limit a kernel must ask for it
+                    function.max_dynamic_shared_size_bytes = launch.shared
+                launches.append((function, launch.grid, launch.block, args, launch.shared))
 
             def run():
                 for function, grid, block, args, shared in launches:
@@ -110,6 +115,8 @@ class CudaProgram:
 
     def _graph(self):
         if self.graph is None:
+            self.launch(graph=False)  # once outside the capture: cuBLAS and the modules initialise lazily
+            self.stream.synchronize()
             self.stream.begin_capture()
             try:
                 self.launch(graph=False)
