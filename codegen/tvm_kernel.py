@@ -283,6 +283,10 @@ class _Lowering:
                 return half * (tvm.tirx.const(1.0, self.dtype) + tvm.tirx.tanh(half * x))
             case "sqrt":
                 return tvm.tirx.sqrt(x)
+            case "rsqrt":
+                return tvm.tirx.const(1.0, self.dtype) / tvm.tirx.sqrt(x)  # as the reference: rsqrt may be approximate
+            case "log" | "erf" | "abs" | "floor" | "ceil":
+                return getattr(tvm.tirx, fn)(x)
         raise CodegenError(f"unknown function {fn!r}")
 
     @staticmethod
@@ -298,6 +302,14 @@ class _Lowering:
                 return a / b
             case "max":
                 return tvm.tirx.max(a, b)
+            case "min":
+                return tvm.tirx.min(a, b)
+            case "pow":
+                return tvm.tirx.power(a, b)
+            case "less" | "less_equal" | "greater" | "greater_equal" | "equal":
+                holds = {"less": a < b, "less_equal": a <= b, "greater": a > b, "greater_equal": a >= b}.get(op)
+                holds = tvm.tirx.EQ(a, b) if op == "equal" else holds
+                return tvm.tirx.Select(holds, tvm.tirx.const(1.0, a.dtype), tvm.tirx.const(0.0, a.dtype))
         raise CodegenError(f"unknown operator {op!r}")
 
     # -- reads

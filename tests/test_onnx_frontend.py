@@ -182,11 +182,71 @@ OP_CASES = [
     ("max_pool_dilated", "MaxPool", X4, dict(kernel_shape=[2, 2], dilations=[2, 2])),
     ("max_pool_same", "MaxPool", X4, dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")),
     ("identity", "Identity", {"x": (2, 3)}, {}),
+    ("pow_square", "Pow", {"a": (2, 3), "b": np.float32(2.0)}, {}),
+    ("pow_tensor", "Pow", {"a": np.abs(rnd(2, 3, low=0.5)), "b": (2, 3)}, {}),
+    ("min", "Min", {"a": (2, 3), "b": (3,), "c": rnd(2, 3)}, {}),
+    ("max", "Max", {"a": (2, 3), "b": (2, 3)}, {}),
+    ("max_one_input", "Max", {"a": (2, 3)}, {}),
+    ("exp", "Exp", {"x": (2, 5)}, {}),
+    ("erf", "Erf", {"x": (2, 5)}, {}),
+    ("abs", "Abs", {"x": (2, 5)}, {}),
+    ("floor", "Floor", {"x": (2, 5)}, {}),
+    ("ceil", "Ceil", {"x": (2, 5)}, {}),
+    ("neg", "Neg", {"x": (2, 5)}, {}),
+    ("reciprocal", "Reciprocal", {"x": (2, 5)}, {}),
+    ("clip", "Clip", {"x": (2, 5), "lo": np.float32(-0.5), "hi": np.float32(0.5)}, {}),
+    ("clip_min_only", "Clip", {"x": (2, 5), "lo": np.float32(0.0)}, {}),
+    ("clip_attributes", "Clip", {"x": (2, 5)}, dict(min=-0.3, max=0.2), 6),
+    ("hard_sigmoid", "HardSigmoid", {"x": (2, 5)}, dict(alpha=0.3, beta=0.4)),
+    ("hard_swish", "HardSwish", {"x": (2, 5)}, {}),
+    ("gelu", "Gelu", {"x": (2, 5)}, {}, 20),
+    ("gelu_tanh", "Gelu", {"x": (2, 5)}, dict(approximate="tanh"), 20),
+    ("dropout", "Dropout", {"x": (2, 5)}, {}),
+    ("cast_float", "Cast", {"x": (2, 3)}, dict(to=TensorProto.FLOAT)),
+    ("layer_norm", "LayerNormalization", {"x": (2, 3, 4), "s": rnd(4), "b": rnd(4)}, dict(epsilon=1e-3)),
+    ("layer_norm_axis1", "LayerNormalization", {"x": (2, 3, 4), "s": rnd(3, 4)}, dict(axis=1)),
 ]
+
+# Operators whose output is not float (masks, integers) or whose input needs a domain: a short
+# graph ending in a float, each compared with onnxruntime like the one-node cases.
+_COMPARISONS = ("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual")
+
+
+def _graph_cases():
+    cases = {}
+    for op in _COMPARISONS:  # y = where(floor(a) op floor(b), a, b): equal floors are common
+        nodes = [
+            helper.make_node("Floor", ["a"], ["fa"]),
+            helper.make_node("Floor", ["b"], ["fb"]),
+            helper.make_node(op, ["fa", "fb"], ["c"]),
+            helper.make_node("Where", ["c", "a", "b"], ["y"]),
+        ]
+        cases[op] = graph_model(nodes, {"a": (2, 3, 4), "b": (3, 4)})
+    positive = [helper.make_node("Abs", ["x"], ["ax"]), helper.make_node("Add", ["ax", "one"], ["p"])]
+    for op in ("Log", "Sqrt"):
+        nodes = positive + [helper.make_node(op, ["p"], ["y"])]
+        cases[op] = graph_model(nodes, {"x": (2, 5)}, constants={"one": np.float32(1.0)})
+    casts = [  # through an integer type (truncation) and bool (non-zero) back to float
+        helper.make_node("Mul", ["x", "three"], ["x3"]),
+        helper.make_node("Cast", ["x3"], ["i"], to=TensorProto.INT32),
+        helper.make_node("Cast", ["i"], ["f"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["f"], ["bool"], to=TensorProto.BOOL),
+        helper.make_node("Where", ["bool", "f", "x"], ["y"]),
+    ]
+    cases["Cast"] = graph_model(casts, {"x": (2, 5)}, constants={"three": np.float32(3.0)})
+    return cases
+
+
+GRAPH_CASES = _graph_cases()
 
 
 def test_op_cases_cover_every_supported_op():
-    assert {case[1] for case in OP_CASES} | {"Constant"} == set(SUPPORTED_OPS)
+    assert {case[1] for case in OP_CASES} | set(GRAPH_CASES) | {"Constant", "Where"} == set(SUPPORTED_OPS)
+
+
+@pytest.mark.parametrize("op", sorted(GRAPH_CASES))
+def test_mask_and_domain_ops_match_onnxruntime(op):
+    check(GRAPH_CASES[op])
 
 
 @pytest.mark.parametrize("case", OP_CASES, ids=[case[0] for case in OP_CASES])
@@ -299,15 +359,15 @@ def test_unsupported_ops_are_listed_together_before_anything_else():
     nodes = [
         helper.make_node("Gather", ["x", "idx"], ["g"], name="gather_1"),
         helper.make_node("Relu", ["g"], ["r"], name="relu_1"),
-        helper.make_node("Erf", ["r"], ["e"]),
+        helper.make_node("Resize", ["r"], ["e"]),
         helper.make_node("Fancy", ["e"], ["y"], name="custom", domain="com.example"),
     ]
     model = graph_model(nodes, {"x": ("N", 4)}, constants={"idx": i64(0, 2)})  # also a dynamic input
     with pytest.raises(OnnxImportError) as info:
         load_onnx(model)
     message = str(info.value)
-    assert "3 node(s) with unsupported operators (Erf, Gather, com.example.Fancy)" in message
-    for part in ("Gather node 'gather_1'", "Erf node #2 (output 'e')", "com.example.Fancy node 'custom'"):
+    assert "3 node(s) with unsupported operators (Gather, Resize, com.example.Fancy)" in message
+    for part in ("Gather node 'gather_1'", "Resize node #2 (output 'e')", "com.example.Fancy node 'custom'"):
         assert part in message
     assert "relu_1" not in message and "dynamic" not in message
     assert isinstance(info.value, ValueError)

@@ -135,6 +135,31 @@ def elementwise(s, x, y):
     )
 
 
+def transformer_ops(s, x, y):
+    """What transformer blocks use: layer norm, GELU, masks through where, clamps, powers."""
+    masks = sum(
+        torch.where(mask, x, y)
+        for mask in (
+            x < y,
+            x < 0.5,
+            x <= y,
+            x <= 0.5,
+            x > y,
+            x > 0.1,
+            x >= y,
+            x >= 0.1,
+            x.floor() == y.floor(),
+            x.floor() == 0,
+        )
+    )
+    return (
+        s.norm(x) + F.gelu(x) + F.gelu(y, approximate="tanh"),
+        masks + torch.where(x > 0, x, torch.full_like(x, -2.0)),
+        torch.clamp(x, -0.5, 0.5) + torch.rsqrt(y) + torch.log(y) + x.abs() + x.floor() + x.ceil() + torch.erf(x),
+        x**2 + y**x + torch.minimum(x, y) + torch.maximum(x, y),
+    )
+
+
 def matmuls(s, a, b):
     return (
         a @ b,
@@ -164,6 +189,11 @@ MODULES = {
     "layout": (lambda: Lambda(layout), X),
     "elementwise": (lambda: Lambda(elementwise), torch.randn(2, 3), torch.rand(2, 3) + 0.5),
     "matmuls": (lambda: Lambda(matmuls), torch.randn(2, 3, 4), torch.randn(2, 4, 5)),
+    "transformer_ops": (
+        lambda: Lambda(transformer_ops, norm=nn.LayerNorm(8)),
+        torch.randn(2, 3, 8),
+        torch.rand(2, 3, 8) + 0.5,
+    ),
     "batch_norm_read_twice": (lambda: Lambda(batch_norm_read_twice, conv=nn.Conv2d(4, 4, 1), bn=nn.BatchNorm2d(4)), X),
 }
 

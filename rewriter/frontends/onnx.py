@@ -32,6 +32,7 @@ import numpy as np
 
 from rewriter.index import affine_index
 from rewriter.ir import (
+    Binary,
     ExpressionError,
     Index,
     Iterator,
@@ -44,11 +45,21 @@ from rewriter.ir import (
     Var,
 )
 from rewriter.ir.builders import (
+    absolute,
     add,
     batch_matmul,
     binary,
+    ceil,
+    clip,
+    compare,
     conv2d,
     conv_transpose2d,
+    erf,
+    exp,
+    floor,
+    gelu,
+    layer_norm,
+    log,
     matmul,
     mul,
     reduce_mean,
@@ -56,7 +67,9 @@ from rewriter.ir.builders import (
     relu,
     sigmoid,
     softmax,
+    sqrt,
     tanh,
+    where,
 )
 
 from .common import (
@@ -188,6 +201,7 @@ def _constants(onnx, graph) -> dict[str, np.ndarray]:
 
 
 _FLOAT_TYPES = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+_INTEGER_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})  # UINT8, INT8, UINT16, INT16, INT32, INT64, UINT32, UINT64
 
 
 def _input_shapes(onnx, graph, constants, overrides) -> dict[str, tuple[int, ...]]:
@@ -694,6 +708,98 @@ def _identity(node: _Node) -> Scope:
     return elementwise(node.tensor(0), lambda read: read)
 
 
+def _variadic(op: str):
+    """Min / Max over any number of inputs, with broadcasting: a chain of binary ``op``."""
+
+    def handle(node: _Node) -> Scope:
+        inputs = _operands(node, range(len(node.proto.input)))
+        result = inputs[0] if len(inputs) > 1 else binary(op, inputs[0], inputs[0])
+        for other in inputs[1:]:
+            result = binary(op, result, other)
+        return result
+
+    return handle
+
+
+def _compare(op: str):
+    return lambda node: compare(op, *_operands(node, (0, 1)))
+
+
+def _where(node: _Node) -> Scope:
+    return where(*_operands(node, (0, 1, 2)))
+
+
+def _clip(node: _Node) -> Scope:
+    """Bounds from attributes (before opset 11) or constant inputs 1 and 2 (either may be absent)."""
+    bounds = []
+    for index, name in ((1, "min"), (2, "max")):
+        if name in node.attributes:
+            bounds.append(float(node.attr(name)))
+            continue
+        value = node.const(index) if node.has(index) else None
+        if node.has(index) and value is None:
+            raise node.error(f"input {index} ({name}) must be a constant")
+        bounds.append(None if value is None else float(np.ravel(value)[0]))
+    return clip(node.tensor(0), *bounds)
+
+
+def _hard_sigmoid(node: _Node) -> Scope:
+    """``max(0, min(1, alpha*x + beta))``."""
+    alpha, beta = node.attr("alpha", 0.2), node.attr("beta", 0.5)
+    return clip(elementwise(node.tensor(0), lambda read: alpha * read + beta), 0.0, 1.0)
+
+
+def _hard_swish(node: _Node) -> Scope:
+    """``x * max(0, min(1, x/6 + 1/2))``."""
+    x = node.tensor(0)
+    gate = clip(elementwise(x, lambda read: read * (1 / 6) + 0.5), 0.0, 1.0)
+    return mul(x, gate)
+
+
+def _reciprocal(node: _Node) -> Scope:
+    return binary("/", 1.0, node.tensor(0))
+
+
+def _neg(node: _Node) -> Scope:
+    return elementwise(node.tensor(0), lambda read: -read)
+
+
+def _cast(node: _Node) -> Scope:
+    """To a float type: the value; to bool: ``x != 0``; to an integer type: truncation (data
+    are float here, so an integer cast is where a float value loses its fraction)."""
+    to = node.attr("to")
+    if to in _FLOAT_TYPES:
+        return _identity(node)
+    x = node.tensor(0)
+    if to == 9:  # BOOL
+        return elementwise(x, lambda read: 1.0 - Binary("equal", read, 0.0))
+    if to in _INTEGER_TYPES:
+        return where(compare("greater_equal", x, 0.0), floor(x), ceil(x))
+    raise node.error(f"Cast to ONNX type {to} is not supported")
+
+
+def _layer_norm(node: _Node) -> Scope:
+    """LayerNormalization (opset 17) fissioned into mean, centring, variance, rsqrt and scale."""
+    x = node.tensor(0)
+    axis = node.attr("axis", -1) % max(x.rank, 1)
+    if node.attr("stash_type", 1) != 1:
+        raise node.error("stash_type other than float32 is not supported")
+    bias = node.tensor(2) if node.has(2) else None
+    return layer_norm(x, tuple(range(axis, x.rank)), node.attr("epsilon", 1e-5), node.tensor(1), bias)
+
+
+def _gelu(node: _Node) -> Scope:
+    return gelu(node.tensor(0), node.attr("approximate", "none"))
+
+
+def _dropout(node: _Node) -> Scope:
+    """Inference: the input (a training-mode input that is not a constant false is refused)."""
+    training = node.const(2) if node.has(2) else None
+    if (node.has(2) and training is None) or (training is not None and bool(np.ravel(training)[0])):
+        raise node.error("Dropout in training mode is not supported")
+    return _identity(node)
+
+
 def _softmax(node: _Node) -> Scope:
     x = node.tensor(0)
     axis = node.attr("axis", -1 if node.opset >= 13 else 1) % max(x.rank, 1)
@@ -882,10 +988,35 @@ SUPPORTED_OPS: dict[str, _Op] = {
     "Sub": _op(_binary("-")),
     "Mul": _op(_binary("*")),
     "Div": _op(_binary("/")),
+    "Pow": _op(_binary("pow")),
+    "Min": _op(_variadic("min")),
+    "Max": _op(_variadic("max")),
+    "Equal": _op(_compare("equal")),
+    "Less": _op(_compare("less")),
+    "LessOrEqual": _op(_compare("less_equal")),
+    "Greater": _op(_compare("greater")),
+    "GreaterOrEqual": _op(_compare("greater_equal")),
+    "Where": _op(_where),
     "Relu": _op(_unary(relu)),
     "LeakyRelu": _op(_leaky_relu, "alpha"),
     "Sigmoid": _op(_unary(sigmoid)),
     "Tanh": _op(_unary(tanh)),
+    "Exp": _op(_unary(exp)),
+    "Log": _op(_unary(log)),
+    "Erf": _op(_unary(erf)),
+    "Sqrt": _op(_unary(sqrt)),
+    "Abs": _op(_unary(absolute)),
+    "Floor": _op(_unary(floor)),
+    "Ceil": _op(_unary(ceil)),
+    "Neg": _op(_neg),
+    "Reciprocal": _op(_reciprocal),
+    "Clip": _op(_clip, "min", "max"),
+    "HardSigmoid": _op(_hard_sigmoid, "alpha", "beta"),
+    "HardSwish": _op(_hard_swish),
+    "Gelu": _op(_gelu, "approximate"),
+    "Cast": _op(_cast, "to", "saturate"),
+    "Dropout": _op(_dropout, "seed", "ratio"),
+    "LayerNormalization": _op(_layer_norm, "axis", "epsilon", "stash_type"),
     "BatchNormalization": _op(_batch_norm, "epsilon", "momentum", "training_mode", "spatial"),
     "Reshape": _op(_reshape, "allowzero"),
     "Flatten": _op(_flatten, "axis"),

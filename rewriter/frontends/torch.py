@@ -37,22 +37,33 @@ import numpy as np
 
 from rewriter.ir import ExpressionError, Lit, Program, Scope, Tensor, Unary, Var, smax
 from rewriter.ir.builders import (
+    absolute,
     add,
     batch_matmul,
     binary,
+    ceil,
+    clip,
+    compare,
     conv2d,
     conv_transpose2d,
+    erf,
     exp,
+    floor,
+    gelu,
+    layer_norm,
+    log,
     matmul,
     mul,
     reduce_mean,
     reduce_sum,
     relu,
+    rsqrt,
     sigmoid,
     softmax,
     sqrt,
     tanh,
     unary,
+    where,
 )
 from rewriter.pipeline import optimize_program
 
@@ -484,6 +495,41 @@ def _reciprocal(node: _Node) -> Scope:
     return binary("/", 1.0, node.tensor(0))
 
 
+_COMPARISONS = {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "eq": "equal"}
+
+
+def _compare(op: str):
+    """``gt.Scalar``, ``lt.Tensor``, ...: a 0/1 mask."""
+    return lambda node: compare(op, _operand(node, 0, 1), _operand(node, 1, 0))
+
+
+def _where(node: _Node) -> Scope:
+    return where(node.tensor(0), _operand(node, 1, 2), _operand(node, 2, 1))
+
+
+def _clamp(node: _Node) -> Scope:
+    low, high = node.arg(1), node.arg(2)
+    return clip(node.tensor(0), None if low is None else float(low), None if high is None else float(high))
+
+
+def _full_like(node: _Node) -> Tensor:
+    """``full_like(x, value)``: a weight of x's shape filled with value (x itself is not read)."""
+    return node.build.weight(node.name, np.full(node.shape, float(node.arg(1)), np.float32))
+
+
+def _layer_norm(node: _Node) -> Scope:
+    """``native_layer_norm(x, normalized_shape, weight, bias, eps)``, fissioned into mean,
+    centring, variance, 1/sqrt and scale (``layer_norm``); only output 0 (the result) is read."""
+    x, normalized = node.tensor(0), node.arg(1)
+    weight = node.tensor(2) if node.arg(2) is not None else None
+    bias = node.tensor(3) if node.arg(3) is not None else None
+    return layer_norm(x, tuple(range(x.rank - len(normalized), x.rank)), float(node.arg(4)), weight, bias)
+
+
+def _gelu(node: _Node) -> Scope:
+    return gelu(node.tensor(0), node.arg(1) or "none")
+
+
 def _softmax(node: _Node) -> Scope:
     return softmax(node.tensor(0), node.arg(1))
 
@@ -633,6 +679,22 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Tensor]] = {
     "aten.sqrt.default": _unary(sqrt),
     "aten.neg.default": lambda node: unary("neg", node.tensor(0)),
     "aten.reciprocal.default": _reciprocal,
+    "aten.erf.default": _unary(erf),
+    "aten.log.default": _unary(log),
+    "aten.abs.default": _unary(absolute),
+    "aten.floor.default": _unary(floor),
+    "aten.ceil.default": _unary(ceil),
+    "aten.rsqrt.default": _unary(rsqrt),
+    "aten.pow.Tensor_Scalar": _binary("pow"),
+    "aten.pow.Tensor_Tensor": _binary("pow"),
+    "aten.minimum.default": _binary("min"),
+    "aten.maximum.default": _binary("max"),
+    **{f"aten.{name}.{kind}": _compare(op) for name, op in _COMPARISONS.items() for kind in ("Scalar", "Tensor")},
+    "aten.where.self": _where,
+    "aten.clamp.default": _clamp,
+    "aten.full_like.default": _full_like,
+    "aten.gelu.default": _gelu,
+    "aten.native_layer_norm.default": _layer_norm,
     "aten.leaky_relu.default": _leaky_relu,
     "aten.hardtanh.default": _hardtanh,
     "aten._softmax.default": _softmax,

@@ -358,8 +358,9 @@ def _support_condition(body: Scalar, rename: Mapping[str, str]) -> str | None:
     """Where the body may be non-zero, as an isl condition; None means anywhere.
 
     An access is non-zero only inside its source (a nested scope: inside its own padding
-    support); ``*`` intersects, ``+ - max`` unite, ``neg relu tanh sqrt`` and division by a non-zero
-    constant keep the support (f(0) = 0); a zero constant is nowhere, anything else anywhere.
+    support); ``*`` intersects, ``+ - max min less greater`` unite, ``neg relu tanh sqrt erf abs
+    floor ceil``, a positive constant power and division by a non-zero constant keep the support
+    (f(0) = 0); a zero constant is nowhere, anything else anywhere.
     """
     match body:
         case Access(source, indices):
@@ -367,14 +368,16 @@ def _support_condition(body: Scalar, rename: Mapping[str, str]) -> str | None:
             return "(" + " and ".join(parts) + ")" if parts else None
         case Num(value):
             return "false" if value == 0 else None
-        case Unary("neg" | "relu" | "tanh" | "sqrt", arg):
+        case Unary("neg" | "relu" | "tanh" | "sqrt" | "erf" | "abs" | "floor" | "ceil", arg):
             return _support_condition(arg, rename)
+        case Binary("pow", lhs, Num(value)) if value > 0:
+            return _support_condition(lhs, rename)
         case Binary("/", lhs, Num(value)) if value != 0:
             return _support_condition(lhs, rename)
         case Binary("*", lhs, rhs):
             parts = [p for p in (_support_condition(lhs, rename), _support_condition(rhs, rename)) if p is not None]
             return "(" + " and ".join(parts) + ")" if parts else None
-        case Binary("+" | "-" | "max", lhs, rhs):
+        case Binary("+" | "-" | "max" | "min" | "less" | "greater", lhs, rhs):  # f(0, 0) = 0
             a, b = _support_condition(lhs, rename), _support_condition(rhs, rename)
             return None if a is None or b is None else f"({a} or {b})"
     return None  # exp, sigmoid, division by an expression: may be non-zero anywhere

@@ -36,7 +36,7 @@ from typing import Callable, Sequence, Union
 from .errors import ExpressionError
 from .indices import Index, IndexOp, Lit, Var
 from .nodes import Access, Binary, Iterator, Num, Scalar, Scope, Tensor, Unary, tensor_shapes
-from .notation import KEYWORDS, UNARY_FUNCTIONS
+from .notation import COMPARISONS, KEYWORDS, UNARY_FUNCTIONS
 
 __all__ = [
     "matmul",
@@ -51,12 +51,24 @@ __all__ = [
     "tanh",
     "sigmoid",
     "sqrt",
+    "erf",
+    "log",
+    "absolute",
+    "rsqrt",
+    "floor",
+    "ceil",
+    "gelu",
     "binary",
     "add",
     "sub",
     "mul",
     "div",
     "maximum",
+    "minimum",
+    "power",
+    "compare",
+    "where",
+    "clip",
     "reduce_sum",
     "reduce_max",
     "reduce_mean",
@@ -506,8 +518,9 @@ def _is_number(value: object) -> bool:
 
 @_builder("unary")
 def unary(fn: str, x: Operand) -> Scope:
-    """``L i0:.., i1:.., ... ; fn(A[i0, i1, ...])`` for fn in relu, exp, tanh, sigmoid, sqrt, neg
-    (``neg`` prints as ``-A[...]``); default name A."""
+    """``L i0:.., i1:.., ... ; fn(A[i0, i1, ...])`` for fn a unary function of the notation (relu,
+    exp, log, tanh, sigmoid, erf, sqrt, rsqrt, abs, floor, ceil, neg: ``neg`` prints as
+    ``-A[...]``); default name A."""
     if fn not in UNARY_FUNCTIONS:
         raise ExpressionError(f"unknown function {fn!r}; known: {', '.join(sorted(UNARY_FUNCTIONS))}")
     (x,) = _operands(("x", x, "A"))
@@ -544,7 +557,56 @@ def sqrt(x: Operand) -> Scope:
     return unary("sqrt", x)
 
 
-_BINARY_OPS = ("+", "-", "*", "/", "max")
+@_builder("erf")
+def erf(x: Operand) -> Scope:
+    """``L i0, ... ; erf(A[i0, ...])``: the error function element-wise."""
+    return unary("erf", x)
+
+
+@_builder("log")
+def log(x: Operand) -> Scope:
+    """``L i0, ... ; log(A[i0, ...])``: the natural logarithm element-wise."""
+    return unary("log", x)
+
+
+@_builder("absolute")
+def absolute(x: Operand) -> Scope:
+    """``L i0, ... ; abs(A[i0, ...])``."""
+    return unary("abs", x)
+
+
+@_builder("rsqrt")
+def rsqrt(x: Operand) -> Scope:
+    """``L i0, ... ; rsqrt(A[i0, ...])``: 1 / sqrt(x) element-wise."""
+    return unary("rsqrt", x)
+
+
+@_builder("floor")
+def floor(x: Operand) -> Scope:
+    """``L i0, ... ; floor(A[i0, ...])``."""
+    return unary("floor", x)
+
+
+@_builder("ceil")
+def ceil(x: Operand) -> Scope:
+    """``L i0, ... ; ceil(A[i0, ...])``."""
+    return unary("ceil", x)
+
+
+@_builder("gelu")
+def gelu(x: Operand, approximate: str = "none") -> Scope:
+    """GELU element-wise: ``0.5 * x * (1 + erf(x / sqrt(2)))``, or with ``approximate="tanh"``
+    ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))`` (as PyTorch and ONNX define them)."""
+    (x,) = _operands(("x", x, "A"))
+    if approximate == "none":
+        return _map(lambda a: Num(0.5) * a * (Num(1.0) + Unary("erf", a * Num(1 / math.sqrt(2)))), [x])
+    if approximate == "tanh":
+        inner = lambda a: Num(math.sqrt(2 / math.pi)) * (a + Num(0.044715) * a * a * a)  # noqa: E731
+        return _map(lambda a: Num(0.5) * a * (Num(1.0) + Unary("tanh", inner(a))), [x])
+    raise ExpressionError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+_BINARY_OPS = ("+", "-", "*", "/", "max", "min", "pow", *COMPARISONS)
 
 
 @_builder("binary")
@@ -592,6 +654,49 @@ def div(a: Operand | float, b: Operand | float) -> Scope:
 def maximum(a: Operand | float, b: Operand | float) -> Scope:
     """``max(a, b)`` element-wise with broadcasting (see ``binary``)."""
     return binary("max", a, b)
+
+
+@_builder("minimum")
+def minimum(a: Operand | float, b: Operand | float) -> Scope:
+    """``min(a, b)`` element-wise with broadcasting (see ``binary``)."""
+    return binary("min", a, b)
+
+
+@_builder("power")
+def power(a: Operand | float, b: Operand | float) -> Scope:
+    """``pow(a, b)`` element-wise with broadcasting (see ``binary``)."""
+    return binary("pow", a, b)
+
+
+@_builder("compare")
+def compare(op: str, a: Operand | float, b: Operand | float) -> Scope:
+    """A mask: ``op(a, b)`` is 1.0 where the comparison holds and 0.0 elsewhere, for op in less,
+    less_equal, greater, greater_equal, equal, with broadcasting (see ``binary``)."""
+    if op not in COMPARISONS:
+        raise ExpressionError(f"unknown comparison {op!r}; known: {', '.join(COMPARISONS)}")
+    return binary(op, a, b)
+
+
+@_builder("where")
+def where(condition: Operand | float, a: Operand | float, b: Operand | float) -> Scope:
+    """``a`` where ``condition`` (a 0/1 mask) is 1, ``b`` where it is 0, with broadcasting:
+    ``c * a + (1 - c) * b``, exact for finite values (default names C, A, B)."""
+    values = _elementwise_operands([("condition", condition, "C"), ("a", a, "A"), ("b", b, "B")])
+    if not any(isinstance(v, _Operand) for v in values):
+        raise ExpressionError("at least one operand must be a tensor, a scope or a shape")
+    return _map(lambda c, x, y: c * x + (Num(1.0) - c) * y, values)
+
+
+@_builder("clip")
+def clip(x: Operand, lo: float | None = None, hi: float | None = None) -> Scope:
+    """``min(max(x, lo), hi)`` element-wise; a bound that is None is left out."""
+    (x,) = _operands(("x", x, "A"))
+
+    def clipped(a):
+        a = Binary("max", a, Num(lo)) if lo is not None else a
+        return Binary("min", a, Num(hi)) if hi is not None else a
+
+    return _map(clipped, [x])
 
 
 # --------------------------------------------------------------------------------------------

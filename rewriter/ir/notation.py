@@ -18,11 +18,25 @@ UNARY_FUNCTIONS = {
     "neg": "negative",
     "relu": "relu",
     "exp": "exp",
+    "log": "log",
     "tanh": "tanh",
     "sigmoid": "sigmoid",
+    "erf": "erf",
     "sqrt": "sqrt",
+    "rsqrt": "1 / sqrt",
+    "abs": "absolute",
+    "floor": "floor",
+    "ceil": "ceil",
 }
-BINARY_FUNCTIONS = {"max": "maximum"}
+# comparisons give 1.0 where they hold and 0.0 elsewhere (masks are float data)
+COMPARISONS = {
+    "less": "less",
+    "less_equal": "less_equal",
+    "greater": "greater",
+    "greater_equal": "greater_equal",
+    "equal": "equal",
+}
+BINARY_FUNCTIONS = {"max": "maximum", "min": "minimum", "pow": "power", **COMPARISONS}
 ARITHMETIC = ("+", "-", "*", "/")
 INDEX_OPS = ("+", "-", "*", "/", "%")
 REDUCTIONS = {"sum": "S", "max": "M"}  # reduction -> its letter in the notation

@@ -106,7 +106,7 @@ def _canonical_body(body: Scalar, renaming: dict[str, str]) -> Scalar:
             return _canonical_body(inner, renaming)
         case Unary(fn, arg):
             return Unary(fn, _canonical_body(arg, renaming))
-        case Binary("+" | "-" | "*" | "max" as op, _, _):
+        case Binary("+" | "-" | "*" | "max" | "min" as op, _, _):
             chain_op = "+" if op in "+-" else op
             operands = [_canonical_body(t, renaming) for t in _chain(body, chain_op)]
             operands.sort(key=str)

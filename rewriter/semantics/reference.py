@@ -42,15 +42,38 @@ from rewriter.ir import (
 # Largest intermediate (in elements) built at once before the traversal space is chunked.
 CHUNK_ELEMENTS = 1 << 24
 
+_ERF = np.vectorize(math.erf, otypes=[np.float64])  # numpy has no erf; math's is exact to double
 _UNARY = {
     "neg": np.negative,
     "relu": lambda x: np.maximum(x, 0),
     "exp": np.exp,
+    "log": np.log,
     "tanh": np.tanh,
     "sigmoid": lambda x: 0.5 * (1.0 + np.tanh(0.5 * x)),
+    "erf": lambda x: _ERF(x).astype(np.result_type(x, np.float32)),
     "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "abs": np.abs,
+    "floor": np.floor,
+    "ceil": np.ceil,
 }
-_BINARY = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide, "max": np.maximum}
+_MASK = {
+    "less": np.less,
+    "less_equal": np.less_equal,
+    "greater": np.greater,
+    "greater_equal": np.greater_equal,
+    "equal": np.equal,
+}
+_BINARY = {
+    "+": np.add,
+    "-": np.subtract,
+    "*": np.multiply,
+    "/": np.divide,
+    "max": np.maximum,
+    "min": np.minimum,
+    "pow": np.power,
+    **{name: (lambda compare: lambda a, b: compare(a, b).astype(np.result_type(a, b)))(f) for name, f in _MASK.items()},
+}
 
 
 def evaluate(expr: Scope | Program, inputs: Mapping[str, object], dtype=np.float64):
