@@ -430,12 +430,12 @@ def test_inverse_of_merges_splits_and_skews():
 
 
 def test_isl_keywords_are_safe_iterator_names():
-    e = parse("L mod:3, floor:4 ; S and:2 ; A[mod+and, floor/2]", {"A": (3, 2)})
-    ranges = {"mod": (0, 3), "floor": (0, 4), "and": (0, 2)}
-    assert is_injective([ix("3*floor+mod", "mod, floor")], ranges) is False  # `and` is unused
-    assert is_bijective([ix("3*floor+mod", "mod, floor")], {"mod": (0, 3), "floor": (0, 4)}, [(0, 12)])
-    assert padding_support(e) == {"mod": (0, 3), "floor": (0, 4)}
-    assert isl_index(ix("floor+1", "floor")) == "(1*floor__isl + 1)"
+    e = parse("L mod:3, floord:4 ; S and:2 ; A[mod+and, floord/2]", {"A": (3, 2)})
+    ranges = {"mod": (0, 3), "floord": (0, 4), "and": (0, 2)}
+    assert is_injective([ix("3*floord+mod", "mod, floord")], ranges) is False  # `and` is unused
+    assert is_bijective([ix("3*floord+mod", "mod, floord")], {"mod": (0, 3), "floord": (0, 4)}, [(0, 12)])
+    assert padding_support(e) == {"mod": (0, 3), "floord": (0, 4)}
+    assert isl_index(ix("floord+1", "floord")) == "(1*floord__isl + 1)"
     assert isl_box([Iterator("mod", 0, 3)]) == "0 <= mod__isl < 3"
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
@@ -97,15 +98,51 @@ def load_onnx(source, input_shapes: Mapping[str, Sequence[int]] | None = None) -
     ``input_shapes`` fixes the symbolic dimensions of graph inputs (ONNX name -> shape).
     """
     onnx = _import_onnx()
-    model, where = _read(onnx, source)
-    _check_ops(model.graph, where)
+    given, where = _read(onnx, source)
+    model = _shapes_folded(onnx, given, input_shapes or {})
+    _check_ops(model.graph, where + (" (shape arithmetic folded by onnxruntime)" if model is not given else ""))
     _check_node_attributes(model.graph, where)
     constants = _constants(onnx, model.graph)
     shapes = _input_shapes(onnx, model.graph, constants, input_shapes or {})
     inferred = _inferred_shapes(onnx, model, shapes, where)
     nodes = _fold_batch_norms(onnx, model.graph, constants)
     imported = _Build(onnx, _opset(model), constants, shapes, inferred).run(nodes, model.graph)
-    return replace(imported, proto=model)
+    return replace(imported, proto=given)
+
+
+def _shapes_folded(onnx, model, input_shapes: Mapping[str, Sequence[int]]):
+    """The model with what is computable at build time folded to constants, where it has
+    operators the front-end does not support: exporters compute shapes and masks at run time
+    (Shape -> Gather -> Concat -> Reshape, ConstantOfShape -> Expand, padding amounts), which
+    are constants once the input shapes are. onnxruntime's basic graph optimizations (constant
+    folding, static Shape nodes, redundant node elimination) do this; the model is returned
+    unchanged without onnxruntime or where it cannot load the model (a custom operator)."""
+    if all(_op_key(node) in SUPPORTED_OPS for node in model.graph.node):
+        return model
+    try:
+        import onnxruntime
+    except ImportError:
+        return model
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in fixed.graph.input:
+        if value.name in input_shapes:
+            dims = value.type.tensor_type.shape.dim
+            for dim, size in zip(dims, input_shapes[value.name]):
+                dim.Clear()
+                dim.dim_value = int(size)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3
+    with tempfile.TemporaryDirectory() as directory:
+        options.optimized_model_filepath = os.path.join(directory, "folded.onnx")
+        try:
+            onnxruntime.InferenceSession(fixed.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            folded = onnx.load(options.optimized_model_filepath)
+        except Exception:  # noqa: BLE001  onnxruntime refuses it (a custom operator): the listing names what is not supported
+            return model
+    folded.graph.name = model.graph.name
+    return folded
 
 
 def _import_onnx():
@@ -542,9 +579,9 @@ def _conv(node: _Node) -> Scope:
     x, w = node.tensor(0), node.tensor(1)
     kernel = _kernel(node, w.shape)
     strides, dilations, pads, out = _window(node, x, kernel)
-    scope = conv2d(
-        x, w, stride=strides, padding=(pads[0][0], pads[1][0]), dilation=dilations, groups=node.attr("group", 1)
-    )
+    begin, end = (pads[0][0], pads[1][0]), (pads[0][1], pads[1][1])
+    groups = node.attr("group", 1)
+    scope = conv2d(x, w, stride=strides, padding=begin, dilation=dilations, groups=groups, padding_end=end)
     return _with_bias(node, with_extent(scope, scope.shape[:2] + out), 2)
 
 

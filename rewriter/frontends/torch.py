@@ -29,13 +29,14 @@ semantics. A graph it cannot translate runs as it came, with a warning that says
 
 from __future__ import annotations
 
+import math
 import warnings
 from types import SimpleNamespace
 from typing import Callable, Sequence
 
 import numpy as np
 
-from rewriter.ir import ExpressionError, Lit, Program, Scope, Tensor, Unary, Var, smax
+from rewriter.ir import Binary, ExpressionError, Lit, Program, Scope, Tensor, Unary, Var, smax
 from rewriter.ir.builders import (
     absolute,
     add,
@@ -54,6 +55,7 @@ from rewriter.ir.builders import (
     log,
     matmul,
     mul,
+    reduce_max,
     reduce_mean,
     reduce_sum,
     relu,
@@ -499,8 +501,17 @@ _COMPARISONS = {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greate
 
 
 def _compare(op: str):
-    """``gt.Scalar``, ``lt.Tensor``, ...: a 0/1 mask."""
-    return lambda node: compare(op, _operand(node, 0, 1), _operand(node, 1, 0))
+    """``gt.Scalar``, ``lt.Tensor``, ...: a 0/1 mask. Against an infinite scalar (attention's
+    ``scores == -inf``) the mask of finite data is a constant, and it is built as one."""
+
+    def handle(node: _Node):
+        a, b = _operand(node, 0, 1), _operand(node, 1, 0)
+        if isinstance(b, float) and math.isinf(b):
+            holds = {"equal": False, "less": b > 0, "less_equal": b > 0, "greater": b < 0, "greater_equal": b < 0}[op]
+            return node.build.weight(node.name, np.full(node.shape, float(holds), np.float32))
+        return compare(op, a, b)
+
+    return handle
 
 
 def _where(node: _Node) -> Scope:
@@ -510,6 +521,17 @@ def _where(node: _Node) -> Scope:
 def _clamp(node: _Node) -> Scope:
     low, high = node.arg(1), node.arg(2)
     return clip(node.tensor(0), None if low is None else float(low), None if high is None else float(high))
+
+
+def _logical_not(node: _Node) -> Scope:
+    """``not x`` on a mask (0/1 data): ``1 - x``."""
+    return elementwise(node.tensor(0), lambda read: 1.0 - read)
+
+
+def _any(node: _Node) -> Scope:
+    """``any(x, dim, keepdim)``: the largest of ``x != 0`` along ``dim`` (a 0/1 mask)."""
+    nonzero = elementwise(node.tensor(0), lambda read: 1.0 - Binary("equal", read, 0.0))
+    return reduce_max(nonzero, node.arg(1), keepdims=bool(node.arg(2)))
 
 
 def _full_like(node: _Node) -> Tensor:
@@ -691,6 +713,9 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Tensor]] = {
     "aten.maximum.default": _binary("max"),
     **{f"aten.{name}.{kind}": _compare(op) for name, op in _COMPARISONS.items() for kind in ("Scalar", "Tensor")},
     "aten.where.self": _where,
+    "aten.mul.Scalar": _binary("*"),
+    "aten.logical_not.default": _logical_not,
+    "aten.any.dim": _any,
     "aten.clamp.default": _clamp,
     "aten.full_like.default": _full_like,
     "aten.gelu.default": _gelu,

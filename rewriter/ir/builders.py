@@ -284,15 +284,18 @@ def _check_layout(layout: object) -> None:
         raise ExpressionError(f"layout must be one of {', '.join(_LAYOUTS)}, got {layout!r}")
 
 
-def _conv_output_size(size: int, kernel: int, stride: int, pad: int, dilation: int, axis: str) -> int:
-    """PyTorch's output size: floor((size + 2*pad - dilation*(kernel-1) - 1) / stride) + 1."""
+def _conv_output_size(
+    size: int, kernel: int, stride: int, pad: int, dilation: int, axis: str, end: int | None = None
+) -> int:
+    """PyTorch's output size: floor((size + 2*pad - dilation*(kernel-1) - 1) / stride) + 1; with
+    ``end``, ``pad`` is the padding before the input and ``end`` after it."""
     span = dilation * (kernel - 1) + 1
-    if size + 2 * pad < span:
+    padded, what = (size + 2 * pad, f"2*padding {pad}") if end is None else (size + pad + end, f"padding {pad}+{end}")
+    if padded < span:
         raise ExpressionError(
-            f"the kernel does not fit: input {axis} {size} + 2*padding {pad} is less than the "
-            f"dilated kernel {axis} {span}"
+            f"the kernel does not fit: input {axis} {size} + {what} is less than the dilated kernel {axis} {span}"
         )
-    return (size + 2 * pad - span) // stride + 1
+    return (padded - span) // stride + 1
 
 
 @_builder("conv2d")
@@ -304,11 +307,14 @@ def conv2d(
     dilation=1,
     groups: int = 1,
     layout: str = "NCHW",
+    padding_end=None,
 ) -> Scope:
     """2-D convolution (cross-correlation, as PyTorch), default names A (input) and K (weight).
 
     ``stride``, ``padding`` and ``dilation`` are an int or a (height, width) pair; padding is
     zero padding, which the notation gives for free (a read outside a tensor is 0).
+    ``padding_end`` (an int or a pair) is the padding after the input where it differs from the
+    padding before it (ONNX's asymmetric ``pads``).
 
     NCHW (PyTorch): input (N, C, H, W), weight (F, C/groups, R, S)::
 
@@ -344,8 +350,9 @@ def conv2d(
         raise ExpressionError(
             f"weight {w.label} has {cg} input channels per group, input {x.label} has {c} channels and groups={groups}"
         )
-    oh = _conv_output_size(height, kh, sh, ph, dh, "height")
-    ow = _conv_output_size(width, kw, sw, pw, dw, "width")
+    eh, ew = (ph, pw) if padding_end is None else _pair(padding_end, "padding_end", 0)
+    oh = _conv_output_size(height, kh, sh, ph, dh, "height", eh)
+    ow = _conv_output_size(width, kw, sw, pw, dw, "width", ew)
     vn, vf, vh, vw, vc, vr, vs = (Var(v) for v in "nfhwcrs")
     row = _linear((sh, vh), (dh, vr), -ph)
     col = _linear((sw, vw), (dw, vs), -pw)
