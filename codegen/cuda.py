@@ -1,6 +1,6 @@
 """The ``cuda`` backend: candidates as GPU bundles, measured on the GPU.
 
-``compile(candidate)`` writes no file by itself; it builds a ``bundle.Bundle``:
+``compile(candidate)`` builds a ``bundle.Bundle`` (written to disk only with ``bundles=DIR``):
 
 * a matched GEMM (Matmul, BatchMatmul) becomes one cuBLAS strided batched call on its operands
   in place, by the strides its iterator mapping table found (``bundle.gemm.gemm_call``);

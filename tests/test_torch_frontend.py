@@ -157,6 +157,10 @@ def transformer_ops(s, x, y):
         masks + torch.where(x > 0, x, torch.full_like(x, -2.0)),
         torch.clamp(x, -0.5, 0.5) + torch.rsqrt(y) + torch.log(y) + x.abs() + x.floor() + x.ceil() + torch.erf(x),
         x**2 + y**x + torch.minimum(x, y) + torch.maximum(x, y),
+        # attention's guard for fully masked rows, as scaled dot-product attention decomposes
+        torch.where(torch.logical_not(x > 0.2).any(-1, keepdim=True), x, y)
+        + torch.where(x == float("-inf"), torch.full_like(x, 0.0), x)
+        + torch.ops.aten.mul.Scalar(x, 0.5),
     )
 
 
