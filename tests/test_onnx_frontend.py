@@ -205,6 +205,15 @@ OP_CASES = [
     ("cast_float", "Cast", {"x": (2, 3)}, dict(to=TensorProto.FLOAT)),
     ("layer_norm", "LayerNormalization", {"x": (2, 3, 4), "s": rnd(4), "b": rnd(4)}, dict(epsilon=1e-3)),
     ("layer_norm_axis1", "LayerNormalization", {"x": (2, 3, 4), "s": rnd(3, 4)}, dict(axis=1)),
+    ("instance_norm", "InstanceNormalization", {**X4, "s": rnd(3), "b": rnd(3)}, dict(epsilon=1e-3)),
+    ("log_softmax", "LogSoftmax", {"x": (2, 3, 4)}, dict(axis=1)),
+    ("reduce_max", "ReduceMax", {"x": (2, 3, 4)}, dict(axes=[1], keepdims=0)),
+    ("reduce_max_opset18", "ReduceMax", {"x": (2, 3, 4), "axes": i64(-1)}, {}, 18),
+    ("squeeze", "Squeeze", {"x": (2, 1, 3, 1), "axes": i64(1, -1)}, {}),
+    ("squeeze_all", "Squeeze", {"x": (2, 1, 3, 1)}, {}),
+    ("unsqueeze", "Unsqueeze", {"x": (2, 3), "axes": i64(0, -1)}, {}),
+    ("expand", "Expand", {"x": (3, 1), "shape": i64(2, 3, 4)}, {}),
+    ("expand_keep", "Expand", {"x": (2, 3, 4), "shape": i64(3, 1)}, {}),
 ]
 
 # Operators whose output is not float (masks, integers) or whose input needs a domain: a short

@@ -14,7 +14,18 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rewriter.ir import BINARY_FUNCTIONS, KEYWORDS, UNARY_FUNCTIONS, ExpressionError, Iterator, Program, Scope, Tensor
+from rewriter.ir import (
+    BINARY_FUNCTIONS,
+    KEYWORDS,
+    UNARY_FUNCTIONS,
+    ExpressionError,
+    Iterator,
+    Lit,
+    Program,
+    Scope,
+    Tensor,
+    Var,
+)
 from rewriter.semantics import evaluate
 
 
@@ -141,6 +152,18 @@ def elementwise(source: Tensor | Scope, fn: Callable) -> Scope:
     """``L i0, i1, ... ; fn(source[i0, i1, ...])``."""
     its = iterators(source.shape)
     return Scope(its, (), fn(source[tuple(it.var for it in its)]))
+
+
+def broadcast_to(source: Tensor, shape: Sequence[int]) -> Scope:
+    """``source`` broadcast to ``shape`` as numpy does: axes line up at the end, and a size-1
+    axis that grows is read at 0."""
+    lead = len(shape) - source.rank
+    if lead < 0 or any(size not in (1, shape[lead + k]) for k, size in enumerate(source.shape)):
+        raise ExpressionError(f"{source.name} of shape {source.shape} does not broadcast to {tuple(shape)}")
+    reads = tuple(
+        Lit(0) if size == 1 and shape[lead + k] != 1 else Var(f"i{lead + k}") for k, size in enumerate(source.shape)
+    )
+    return Scope(iterators(shape), (), source[reads])
 
 
 def with_extent(scope: Scope, shape: Sequence[int]) -> Scope:

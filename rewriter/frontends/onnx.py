@@ -61,8 +61,10 @@ from rewriter.ir.builders import (
     gelu,
     layer_norm,
     log,
+    log_softmax,
     matmul,
     mul,
+    reduce_max,
     reduce_mean,
     reduce_sum,
     relu,
@@ -78,6 +80,7 @@ from .common import (
     Model,
     Names,
     batch_norm_affine,
+    broadcast_to,
     elementwise,
     fold_batch_norm,
     fresh,
@@ -847,6 +850,54 @@ def _softmax(node: _Node) -> Scope:
     return softmax(x, axis)
 
 
+def _log_softmax(node: _Node) -> Scope:
+    x = node.tensor(0)
+    axis = node.attr("axis", -1 if node.opset >= 13 else 1) % max(x.rank, 1)
+    if node.opset < 13 and axis != x.rank - 1:
+        raise node.error(
+            f"before opset 13 LogSoftmax normalises axes {axis}.. flattened; only the last axis is supported"
+        )
+    return log_softmax(x, axis)
+
+
+def _instance_norm(node: _Node) -> Scope:
+    """InstanceNormalization: each (sample, channel) normalised over its spatial axes (a layer
+    norm over the trailing axes), then ``scale[c]`` and ``bias[c]`` along axis 1."""
+    x = node.tensor(0)
+    normalised = layer_norm(x, tuple(range(2, x.rank)), node.attr("epsilon", 1e-5))
+    channel = (x.shape[1],) + (1,) * (x.rank - 2)
+    scale, bias = (_reshaped(node, node.tensor(k), channel) for k in (1, 2))
+    return add(mul(normalised, scale), bias)
+
+
+def _squeeze(node: _Node) -> Scope:
+    """Squeeze / Unsqueeze: a reshape to the shape their axes give."""
+    x = node.tensor(0)
+    axes = node.ints("axes", 1)
+    if node.proto.op_type == "Unsqueeze":
+        rank = x.rank + len(axes)
+        added = {a % rank for a in axes}
+        dims, rest = [], iter(x.shape)
+        for k in range(rank):
+            dims.append(1 if k in added else next(rest))
+    else:
+        dropped = {a % x.rank for a in axes} if axes else {k for k, d in enumerate(x.shape) if d == 1}
+        if any(x.shape[a] != 1 for a in dropped):
+            raise node.error(f"cannot squeeze axes {sorted(dropped)} of shape {x.shape}")
+        dims = [d for k, d in enumerate(x.shape) if k not in dropped]
+    return _reshaped(node, x, dims)
+
+
+def _expand(node: _Node) -> Scope:
+    """Expand: numpy broadcasting to the constant shape (a size-1 axis is read at 0)."""
+    x, target = node.tensor(0), node.ints("shape", 1)
+    if target is None:
+        raise node.error("input 1 (shape) must be a constant")
+    rank = max(x.rank, len(target))
+    a, b = (1,) * (rank - x.rank) + x.shape, (1,) * (rank - len(target)) + tuple(target)
+    return broadcast_to(x, tuple(max(p, q) for p, q in zip(a, b)))
+
+
 def _reduce(builder):
     def handle(node: _Node) -> Scope:
         x = node.tensor(0)
@@ -1054,6 +1105,12 @@ SUPPORTED_OPS: dict[str, _Op] = {
     "Cast": _op(_cast, "to", "saturate"),
     "Dropout": _op(_dropout, "seed", "ratio"),
     "LayerNormalization": _op(_layer_norm, "axis", "epsilon", "stash_type"),
+    "InstanceNormalization": _op(_instance_norm, "epsilon"),
+    "LogSoftmax": _op(_log_softmax, "axis"),
+    "ReduceMax": _op(_reduce(reduce_max), "axes", "keepdims", "noop_with_empty_axes"),
+    "Squeeze": _op(_squeeze, "axes"),
+    "Unsqueeze": _op(_squeeze, "axes"),
+    "Expand": _op(_expand),
     "BatchNormalization": _op(_batch_norm, "epsilon", "momentum", "training_mode", "spatial"),
     "Reshape": _op(_reshape, "allowzero"),
     "Flatten": _op(_flatten, "axis"),

@@ -69,7 +69,16 @@ from rewriter.ir.builders import (
 )
 from rewriter.pipeline import optimize_program
 
-from .common import FrontendError, Model, Names, batch_norm_affine, elementwise, fold_batch_norm, iterators
+from .common import (
+    FrontendError,
+    Model,
+    Names,
+    batch_norm_affine,
+    broadcast_to,
+    elementwise,
+    fold_batch_norm,
+    iterators,
+)
 from .onnx import _concat, _pad, _pool, _reshaped, _slice, _transpose
 
 __all__ = ["TorchImportError", "from_torch", "rewriter_backend", "register", "SUPPORTED_OPS"]
@@ -585,12 +594,7 @@ def _view(node: _Node) -> Scope:
 
 def _expand(node: _Node) -> Scope:
     """Broadcast to the result's shape: a size-1 axis that grows is read at 0."""
-    x, shape = node.tensor(0), node.shape
-    lead = len(shape) - x.rank
-    reads = tuple(
-        Lit(0) if size == 1 and shape[lead + k] != 1 else Var(f"i{lead + k}") for k, size in enumerate(x.shape)
-    )
-    return Scope(iterators(shape), (), x[reads])
+    return broadcast_to(node.tensor(0), node.shape)
 
 
 def _select(node: _Node) -> Scope:

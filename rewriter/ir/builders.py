@@ -73,6 +73,7 @@ __all__ = [
     "reduce_max",
     "reduce_mean",
     "softmax",
+    "log_softmax",
     "layer_norm",
     "einsum",
 ]
@@ -795,6 +796,21 @@ def softmax(x: Operand, axis: int = -1) -> Scope:
     shifted = _Operand(_map(lambda a, m: Unary("exp", a - m), [x, peak]), "exp")
     total = _Operand(_reduce(shifted, axes, True, "sum"), "sum")
     return _map(lambda e, s: e / s, [shifted, total])
+
+
+@_builder("log_softmax")
+def log_softmax(x: Operand, axis: int = -1) -> Scope:
+    """``log(softmax(x))`` along ``axis``, stable: ``x - m - log(sum(exp(x - m)))`` with m the
+    maximum along the axis (the max and the sum are scopes, as in ``softmax``); default name A."""
+    if isinstance(axis, (tuple, list)):
+        raise ExpressionError(f"log_softmax takes a single axis, got {axis!r}")
+    (x,) = _operands(("x", x, "A"))
+    axes = _axes(axis, x.rank)
+    peak = _Operand(_reduce(x, axes, True, "max"), "max")
+    total = _Operand(
+        _reduce(_Operand(_map(lambda a, m: Unary("exp", a - m), [x, peak]), "exp"), axes, True, "sum"), "sum"
+    )
+    return _map(lambda a, m, s: a - m - Unary("log", s), [x, peak, total])
 
 
 @_builder("layer_norm")
