@@ -243,7 +243,14 @@ def _graph_cases():
         helper.make_node("Where", ["bool", "f", "x"], ["y"]),
     ]
     cases["Cast"] = graph_model(casts, {"x": (2, 5)}, constants={"three": np.float32(3.0)})
+    split = helper.make_node("Split", ["x", "sizes"], ["y0", "y1", "y2"], axis=1)
+    cases["Split"] = graph_model([split], {"x": (2, 7, 3)}, ("y0", "y1", "y2"), constants={"sizes": i64(2, 4, 1)})
     return cases
+
+
+def test_split_into_equal_parts_names_every_output():
+    split = helper.make_node("Split", ["x"], ["a", "b", "c"], axis=-1, num_outputs=3)
+    check(graph_model([split], {"x": (2, 8)}, ("a", "b", "c"), opset=18))  # 3 + 3 + 2
 
 
 GRAPH_CASES = _graph_cases()

@@ -7,6 +7,9 @@ at run time, and GPT-2 splits its QKV projection into three outputs (see the REA
 """
 
 import io
+import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -107,3 +110,39 @@ def test_through_torch_export_it_imports_and_matches_the_module(name):
     got = model.run({pixels: x.numpy()})[model.outputs[0]]
     with torch.no_grad():
         close(got, module(x).numpy())
+
+
+def test_an_exported_model_optimizes_from_the_command_line_and_runs_in_a_new_process(tmp_path):
+    """``rewriter optimize model.onnx --out DIR`` then ``rewriter run DIR`` in a fresh process."""
+    module, x = built("vit")
+    path = tmp_path / "vit.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), str(path), opset_version=17, dynamo=False, input_names=["pixels"])
+    env = dict(os.environ, REWRITER_CACHE=str(tmp_path / "cache"))
+    cli = [sys.executable, "-m", "rewriter.cli"]
+    optimize = [
+        *cli,
+        "optimize",
+        str(path),
+        "--max-depth",
+        "1",
+        "--subprogram-time-limit",
+        "5",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    subprocess.run(optimize, check=True, env=env, capture_output=True)
+    np.save(tmp_path / "x.npy", x.numpy())
+    run = [
+        *cli,
+        "run",
+        str(tmp_path / "out"),
+        "--input",
+        f"pixels={tmp_path / 'x.npy'}",
+        "--out",
+        str(tmp_path / "y.npy"),
+    ]
+    subprocess.run(run, check=True, env=env, capture_output=True)
+    (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"pixels": x.numpy()})
+    close(np.load(tmp_path / "y.npy"), want)

@@ -216,7 +216,7 @@ def _check_node_attributes(graph, where: str) -> None:
         problems += [
             f"{_label(node, k)}: output #{i} ({name!r}) is not supported"
             for i, name in enumerate(node.output)
-            if i and name
+            if i and name and not SUPPORTED_OPS[_op_key(node)].outputs
         ]
         if node.op_type == "Constant" and len(node.attribute) != 1:
             problems.append(f"{_label(node, k)}: a Constant needs exactly one value attribute")
@@ -427,20 +427,23 @@ class _Build:
         return Model(program, self.weights, dict(self.inputs), tuple(v.name for v in graph.output), names)
 
     def define(self, node: "_Node") -> None:
+        op = SUPPORTED_OPS[node.op]
         try:
-            scope = SUPPORTED_OPS[node.op].handler(node)
+            result = op.handler(node)
         except OnnxImportError:
             raise
         except ExpressionError as err:
             raise OnnxImportError(f"{node.label}: {err}") from None
-        out = node.proto.output[0]
-        expected = self.inferred.get(out)
-        if expected is not None and expected != scope.shape:
-            raise OnnxImportError(
-                f"{node.label}: the front-end computes shape {scope.shape} for {out!r}, ONNX shape inference {expected}"
-            )
-        self.shapes[out] = scope.shape
-        self.definitions.append((self.names(out), scope))
+        for out, scope in zip(node.proto.output, result if op.outputs else [result]):
+            if not out:
+                continue  # an output the graph does not name: not computed
+            expected = self.inferred.get(out)
+            if expected is not None and expected != scope.shape:
+                raise OnnxImportError(
+                    f"{node.label}: the front-end computes shape {scope.shape} for {out!r}, ONNX shape inference {expected}"
+                )
+            self.shapes[out] = scope.shape
+            self.definitions.append((self.names(out), scope))
 
 
 class _Node:
@@ -898,6 +901,28 @@ def _expand(node: _Node) -> Scope:
     return broadcast_to(x, tuple(max(p, q) for p, q in zip(a, b)))
 
 
+def _split(node: _Node) -> list[Scope]:
+    """Split along ``axis`` into the sizes ``split`` gives (input 1 from opset 13, an attribute
+    before), else into equal parts, one per output (the last smaller where they do not divide)."""
+    x = node.tensor(0)
+    axis = node.attr("axis", 0) % x.rank
+    count = len(node.proto.output)
+    sizes = node.ints("split", 1)
+    if sizes is None:
+        part = -(-x.shape[axis] // count)
+        sizes = tuple(min(part, x.shape[axis] - k * part) for k in range(count))
+    if sum(sizes) != x.shape[axis] or len(sizes) != count or min(sizes) < 1:
+        raise node.error(f"split sizes {tuple(sizes)} do not divide axis {axis} of size {x.shape[axis]} into {count} outputs")
+    parts, start = [], 0
+    for size in sizes:
+        shape = x.shape[:axis] + (size,) + x.shape[axis + 1 :]
+        its = iterators(shape)
+        reads = tuple(it.var + start if k == axis and start else it.var for k, it in enumerate(its))
+        parts.append(Scope(its, (), x[reads]))
+        start += size
+    return parts
+
+
 def _reduce(builder):
     def handle(node: _Node) -> Scope:
         x = node.tensor(0)
@@ -1058,10 +1083,11 @@ def _pad(node: _Node) -> Scope:
 class _Op:
     handler: Callable[[_Node], Scope] | None  # None: consumed at build time (Constant)
     attributes: frozenset[str] = frozenset()
+    outputs: bool = False  # the handler returns one scope per node output (Split)
 
 
-def _op(handler, *attributes: str) -> _Op:
-    return _Op(handler, frozenset(attributes))
+def _op(handler, *attributes: str, outputs: bool = False) -> _Op:
+    return _Op(handler, frozenset(attributes), outputs)
 
 
 _WINDOW = ("auto_pad", "dilations", "kernel_shape", "pads", "strides")
@@ -1109,6 +1135,7 @@ SUPPORTED_OPS: dict[str, _Op] = {
     "LogSoftmax": _op(_log_softmax, "axis"),
     "ReduceMax": _op(_reduce(reduce_max), "axes", "keepdims", "noop_with_empty_axes"),
     "Squeeze": _op(_squeeze, "axes"),
+    "Split": _op(_split, "axis", "split", "num_outputs", outputs=True),
     "Unsqueeze": _op(_squeeze, "axes"),
     "Expand": _op(_expand),
     "BatchNormalization": _op(_batch_norm, "epsilon", "momentum", "training_mode", "spatial"),
