@@ -3,7 +3,7 @@ downloads), exported as users export them (``torch.onnx.export``; ``torch.export
 optimized end to end and compared with onnxruntime and with the module itself.
 
 Text models (BERT, GPT-2) do not import yet: token embeddings gather rows by indices known only
-at run time, and GPT-2 splits its QKV projection into three outputs (see the README's status).
+at run time (see the README's status).
 """
 
 import io

@@ -912,7 +912,9 @@ def _split(node: _Node) -> list[Scope]:
         part = -(-x.shape[axis] // count)
         sizes = tuple(min(part, x.shape[axis] - k * part) for k in range(count))
     if sum(sizes) != x.shape[axis] or len(sizes) != count or min(sizes) < 1:
-        raise node.error(f"split sizes {tuple(sizes)} do not divide axis {axis} of size {x.shape[axis]} into {count} outputs")
+        raise node.error(
+            f"split sizes {tuple(sizes)} do not divide axis {axis} of size {x.shape[axis]} into {count} outputs"
+        )
     parts, start = [], 0
     for size in sizes:
         shape = x.shape[:axis] + (size,) + x.shape[axis + 1 :]
