@@ -15,8 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cuda
 from .format import BundleError, read
+
+try:
+    from . import cuda
+except ImportError as err:  # the runtime needs CuPy (pip install ".[gpu]") and a CUDA driver
+    cuda, _MISSING = None, err
 
 
 def _write_json(path: Path, value: dict) -> None:
@@ -40,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     r.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if cuda is None:
+        print(f"error: python -m bundle runs bundles on an NVIDIA GPU with CuPy: {_MISSING}", file=sys.stderr)
+        return 2
     try:
         if args.command == "measure":
             merged = {"device": cuda.device_name(), "bundles": {}}

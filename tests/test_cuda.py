@@ -2,9 +2,12 @@
 workflow. The specification, generation and bundle tests run everywhere (cuBLAS's arithmetic is
 emulated with numpy); those marked ``gpu`` run the bundles on an NVIDIA GPU with CuPy."""
 
+import importlib.util
 import json
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -196,6 +199,17 @@ def test_bound_weights_travel_as_constants_and_weight_only_kernels_run_once(tmp_
     np.testing.assert_allclose(
         again.check["expected"], expected.reshape(-1)[again.check["index"]], rtol=1e-4, atol=1e-5
     )
+
+
+def test_the_runtime_without_cupy_says_what_it_needs(tmp_path):
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
+    done = subprocess.run(
+        [sys.executable, "-m", "bundle", "measure", str(tmp_path), "--out", str(tmp_path / "t.json")],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert done.returncode == 2 and "needs" not in done.stdout and "with CuPy" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "t.json").exists()
 
 
 # --------------------------------------------------------------------------------------------
