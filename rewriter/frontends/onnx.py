@@ -843,24 +843,20 @@ def _dropout(node: _Node) -> Scope:
     return _identity(node)
 
 
-def _softmax(node: _Node) -> Scope:
-    x = node.tensor(0)
-    axis = node.attr("axis", -1 if node.opset >= 13 else 1) % max(x.rank, 1)
-    if node.opset < 13 and axis != x.rank - 1:
-        raise node.error(
-            f"before opset 13 Softmax normalises axes {axis}.. flattened; only the last axis (axis={x.rank - 1}) is supported"
-        )
-    return softmax(x, axis)
+def _normalised_exp(builder, name: str):
+    """Softmax / LogSoftmax along ``axis`` (opset 13 on; before it, only the last axis, which
+    is where flattening the trailing axes changes nothing)."""
 
+    def handle(node: _Node) -> Scope:
+        x = node.tensor(0)
+        axis = node.attr("axis", -1 if node.opset >= 13 else 1) % max(x.rank, 1)
+        if node.opset < 13 and axis != x.rank - 1:
+            raise node.error(
+                f"before opset 13 {name} normalises axes {axis}.. flattened; only the last axis (axis={x.rank - 1}) is supported"
+            )
+        return builder(x, axis)
 
-def _log_softmax(node: _Node) -> Scope:
-    x = node.tensor(0)
-    axis = node.attr("axis", -1 if node.opset >= 13 else 1) % max(x.rank, 1)
-    if node.opset < 13 and axis != x.rank - 1:
-        raise node.error(
-            f"before opset 13 LogSoftmax normalises axes {axis}.. flattened; only the last axis is supported"
-        )
-    return log_softmax(x, axis)
+    return handle
 
 
 def _instance_norm(node: _Node) -> Scope:
@@ -1134,7 +1130,7 @@ SUPPORTED_OPS: dict[str, _Op] = {
     "Dropout": _op(_dropout, "seed", "ratio"),
     "LayerNormalization": _op(_layer_norm, "axis", "epsilon", "stash_type"),
     "InstanceNormalization": _op(_instance_norm, "epsilon"),
-    "LogSoftmax": _op(_log_softmax, "axis"),
+    "LogSoftmax": _op(_normalised_exp(log_softmax, "LogSoftmax"), "axis"),
     "ReduceMax": _op(_reduce(reduce_max), "axes", "keepdims", "noop_with_empty_axes"),
     "Squeeze": _op(_squeeze, "axes"),
     "Split": _op(_split, "axis", "split", "num_outputs", outputs=True),
@@ -1147,7 +1143,7 @@ SUPPORTED_OPS: dict[str, _Op] = {
     "Concat": _op(_concat, "axis"),
     "Slice": _op(_slice, "starts", "ends", "axes"),
     "Pad": _op(_pad, "mode", "pads", "value"),
-    "Softmax": _op(_softmax, "axis"),
+    "Softmax": _op(_normalised_exp(softmax, "Softmax"), "axis"),
     "ReduceMean": _op(_reduce(reduce_mean), "axes", "keepdims", "noop_with_empty_axes"),
     "ReduceSum": _op(_reduce(reduce_sum), "axes", "keepdims", "noop_with_empty_axes"),
     "GlobalAveragePool": _op(_global_average_pool),
