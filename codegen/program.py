@@ -10,6 +10,7 @@ a ``CompiledProgram``:
   BLAS, ``codegen.im2col``), "band" (a band matmul as blocked batched BLAS, ``codegen.band``),
   "tvm" (its scope compiled by TVM, ``codegen.tvm_kernel``);
 * an eOperator is its scope compiled by TVM; ``tune`` races a few TVM schedules per kernel;
+* an opaque operation (a gather by run-time indices) runs its numpy function, "opaque";
 * kernels that read only weights run once, when ``bind`` is given their values (OLLIE 5.4).
 
 ``measure(db)`` times each distinct kernel once on this device (``codegen.measure``), and the
@@ -27,8 +28,9 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rewriter.ir import ExpressionError, parse, tensor_shapes
+from rewriter.ir import ExpressionError, Opaque, parse, tensor_shapes
 from rewriter.lower import OPERATORS, Candidate, GemmMatch, Kernel, fuse, fusion_pairs, match_operator, run_gemm
+from rewriter.semantics import run_opaque
 
 from .band import band_call
 from .im2col import im2col_call
@@ -59,8 +61,18 @@ def _blas_call(kernel: Kernel, dtype: str):
     return call
 
 
+def _opaque_call(kernel: Kernel, dtype: str):
+    if kernel.kind != "opaque":
+        return None
+
+    def call(values, out):
+        out[...] = run_opaque(kernel.expr, values)
+
+    return call
+
+
 # implementation name -> (kernel, dtype) -> (values, out) -> None, or None where it does not apply
-LIBRARY_CALLS = {"blas": _blas_call, "im2col": im2col_call, "band": band_call}
+LIBRARY_CALLS = {"blas": _blas_call, "im2col": im2col_call, "band": band_call, "opaque": _opaque_call}
 
 
 @dataclass
@@ -243,7 +255,7 @@ def load(directory: str | Path, operators=OPERATORS) -> CompiledProgram:
     dtype, steps = meta["dtype"], []
     for entry in meta["kernels"]:
         expr = parse(entry["expr"], {n: tuple(s) for n, s in entry["shapes"].items()})
-        kind, match = match_operator(expr, operators)
+        kind, match = ("opaque", None) if isinstance(expr, Opaque) else match_operator(expr, operators)
         kernel = Kernel(
             entry["kind"], entry["output"], expr, match if kind == entry["kind"] else None, entry["weight_only"]
         )
@@ -281,8 +293,10 @@ def remeasure(
 
 
 def _timing_call(step: Step, dtype: str, rng) -> Callable[[], None]:
-    """``step`` on random inputs of its shapes, as a callable to time."""
-    values = {n: _aligned(rng.uniform(-1, 1, s), dtype) for n, s in tensor_shapes(step.kernel.expr).items()}
+    """``step`` on random inputs of its shapes, as a callable to time (an opaque operation on
+    zeros: random values are no valid gather indices, 0 is)."""
+    sample = (lambda s: np.zeros(s)) if step.kernel.kind == "opaque" else (lambda s: rng.uniform(-1, 1, s))
+    values = {n: _aligned(sample(s), dtype) for n, s in tensor_shapes(step.kernel.expr).items()}
     out = aligned_empty(step.kernel.expr.shape, dtype)
     return lambda: step.call(values, out)
 
@@ -347,7 +361,10 @@ def compile_candidate(
 
 def implementations(kernel: Kernel) -> tuple[str, ...]:
     """The implementation names this backend races for ``kernel``: its operator record's (an
-    eOperator, or an operator that lists none for this backend: TVM)."""
+    eOperator, or an operator that lists none for this backend: TVM; an opaque operation: its
+    numpy function)."""
+    if kernel.kind == "opaque":
+        return ("opaque",)
     listed = kernel.operator.implementations.get(BACKEND) if kernel.operator is not None else None
     return tuple(listed) if listed else EOP_IMPLEMENTATIONS
 

@@ -29,7 +29,7 @@ from .cases import CASES, PUBLIC_CASES
 from .frontends import load_onnx, zoo
 from .ir import ExpressionError, parse, tensor_shapes
 from .pipeline import derive, load_optimized, optimize_program
-from .semantics import evaluate
+from .semantics import evaluate, sample_inputs
 
 
 def _random_inputs(shapes: dict, seed: int = 0) -> dict[str, np.ndarray]:
@@ -182,8 +182,9 @@ def cmd_optimize(args, console: Console) -> int:
             backend=CpuBackend(tune=args.tune),
             on_subprogram=report,
         )
-    rng = np.random.default_rng(args.seed)
-    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in model.inputs.items()}
+    shapes = {model.names[name]: shape for name, shape in model.inputs.items()}
+    samples = sample_inputs(model.program.definitions, shapes, args.seed)  # token ids in range, too
+    feeds = {name: samples[model.names[name]] for name in model.inputs}
     want = model.original(feeds)
     got = optimized(**{model.names[n]: v for n, v in feeds.items()})
     got = got if isinstance(got, tuple) else (got,)
@@ -254,7 +255,7 @@ def cmd_run(args, console: Console) -> int:
         name, _, path = item.partition("=")
         inputs[names.get(name, name)] = np.load(path)
     if not args.input:  # random inputs, for a quick check
-        inputs = _random_inputs(optimized.inputs, args.seed)
+        inputs = sample_inputs([(k.output, k.expr) for k in optimized.program.kernels], optimized.inputs, args.seed)
     start = time.perf_counter()
     outs = optimized(**inputs)
     elapsed = time.perf_counter() - start

@@ -1,4 +1,7 @@
-"""Expression fusion and merging across the expressions of a program (OLLIE 4.1, Figure 5)."""
+"""Expression fusion and merging across the expressions of a program (OLLIE 4.1, Figure 5).
+
+Both rules rewrite scopes only: an opaque definition (``rewriter.ir.Opaque``) is neither fused
+nor merged, and nothing is fused into it."""
 
 from rewriter.ir import Iterator, Program, Scope, Tensor, Var, inline, nested_scopes, replace_reads, tensor_shapes
 from rewriter.search.dsl import rule
@@ -24,6 +27,8 @@ def fuse_expressions(program: Program):
         if name in program.outputs or len(readers) != 1:
             continue
         consumer = readers[0]
+        if not isinstance(producer, Scope) or not isinstance(defined[consumer], Scope):
+            continue
         fused = inline(defined[consumer], name, producer)
         definitions = tuple((n, fused if n == consumer else e) for n, e in program.definitions if n != name)
         yield Program(definitions, program.outputs)
@@ -65,6 +70,8 @@ def merge_into_batch(program: Program):
     for i, (n1, e1) in enumerate(defs):
         group, a = [], None
         for n2, e2 in defs[i + 1 :]:
+            if not (isinstance(e1, Scope) and isinstance(e2, Scope)):
+                continue
             pair = _differ_in_one_input(e1, e2)
             if pair is None or pair[1] in defined or (a is not None and pair[0] != a):
                 continue

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from rewriter import evaluate, parse_program, zoo  # noqa: E402
 from rewriter.frontends.onnx import SUPPORTED_OPS, OnnxImportError, load_onnx  # noqa: E402
+from rewriter.ir import ExpressionError  # noqa: E402
 
 
 def rnd(*shape, seed=0, low=None):
@@ -211,6 +212,9 @@ OP_CASES = [
     ("reduce_max_opset18", "ReduceMax", {"x": (2, 3, 4), "axes": i64(-1)}, {}, 18),
     ("squeeze", "Squeeze", {"x": (2, 1, 3, 1), "axes": i64(1, -1)}, {}),
     ("squeeze_all", "Squeeze", {"x": (2, 1, 3, 1)}, {}),
+    ("gather_one", "Gather", {"x": (2, 5, 3), "i": np.int64(-2)}, dict(axis=1)),  # a view, the axis dropped
+    ("gather_stepping", "Gather", {"x": (7, 3), "i": i64(5, 3, 1)}, {}),  # a view: 5 - 2*i
+    ("gather_irregular", "Gather", {"x": (7, 3), "i": np.array([[0, 6], [2, 2]])}, {}),  # opaque, constant indices
     ("unsqueeze", "Unsqueeze", {"x": (2, 3), "axes": i64(0, -1)}, {}),
     ("expand", "Expand", {"x": (3, 1), "shape": i64(2, 3, 4)}, {}),
     ("expand_keep", "Expand", {"x": (2, 3, 4), "shape": i64(3, 1)}, {}),
@@ -373,17 +377,17 @@ def test_batch_norm_is_not_folded_when_the_convolution_is_read_elsewhere():
 
 def test_unsupported_ops_are_listed_together_before_anything_else():
     nodes = [
-        helper.make_node("Gather", ["x", "idx"], ["g"], name="gather_1"),
+        helper.make_node("GatherElements", ["x", "idx"], ["g"], name="gather_1"),
         helper.make_node("Relu", ["g"], ["r"], name="relu_1"),
-        helper.make_node("Resize", ["r"], ["e"]),
+        helper.make_node("NonZero", ["r"], ["e"]),
         helper.make_node("Fancy", ["e"], ["y"], name="custom", domain="com.example"),
     ]
     model = graph_model(nodes, {"x": ("N", 4)}, constants={"idx": i64(0, 2)})  # also a dynamic input
     with pytest.raises(OnnxImportError) as info:
         load_onnx(model)
     message = str(info.value)
-    assert "3 node(s) with unsupported operators (Gather, Resize, com.example.Fancy)" in message
-    for part in ("Gather node 'gather_1'", "Resize node #2 (output 'e')", "com.example.Fancy node 'custom'"):
+    assert "3 node(s) with unsupported operators (GatherElements, NonZero, com.example.Fancy)" in message
+    for part in ("GatherElements node 'gather_1'", "NonZero node #2 (output 'e')", "com.example.Fancy node 'custom'"):
         assert part in message
     assert "relu_1" not in message and "dynamic" not in message
     assert isinstance(info.value, ValueError)
@@ -468,3 +472,22 @@ def test_names_that_are_not_identifiers_are_sanitised():
     imported = check(graph_model(nodes, {"input.1": (2, 3)}, outputs=("exp",)))
     assert imported.names == {"input.1": "input_1", "/layer1/relu_output_0": "layer1_relu_output_0", "exp": "exp_"}
     assert imported.program.outputs == ("exp_",)
+
+
+def test_gather_by_token_ids_known_at_run_time_is_an_opaque_definition():
+    """An embedding lookup: int64 ids (a graph input) gather rows of a weight; the rest of the
+    graph stays scopes, and the program matches onnxruntime."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"]), helper.make_node("Relu", ["rows"], ["y"])],
+        "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, (2, 3))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(rnd(10, 4), "table")],
+    )
+    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    kinds = [type(expr).__name__ for _, expr in model.program.definitions]
+    assert kinds == ["Opaque", "Scope"]
+    ids = np.array([[0, 9, -1], [3, 3, 5]])
+    np.testing.assert_allclose(model.run({"ids": ids})["y"], model.original({"ids": ids})["y"], rtol=1e-6)
+    with pytest.raises(ExpressionError, match="index 16 in ids is out of range for axis 0 of table"):
+        model.run({"ids": ids + 7})

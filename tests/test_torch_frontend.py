@@ -174,6 +174,15 @@ def matmuls(s, a, b):
     )
 
 
+def embedding_split(s, ids):
+    """Token embeddings (ids known at run time: an opaque gather; a constant row: a view), the
+    rows of a constant index list, and a split into parts of given sizes."""
+    rows = s.embed(ids) + s.embed(torch.tensor(3)) + s.embed.weight[torch.tensor([4, 0, 7])].sum(0)
+    q, k, v = rows.split([2, 2, 4], dim=-1)
+    v3, v1 = v.split(3, dim=-1)
+    return q * k, v1 + v3.sum(-1, keepdim=True), torch.cat([q[:, :0], q], 1)
+
+
 def batch_norm_read_twice(s, x):
     y = s.conv(x)
     return s.bn(y) + y
@@ -197,6 +206,10 @@ MODULES = {
         lambda: Lambda(transformer_ops, norm=nn.LayerNorm(8)),
         torch.randn(2, 3, 8),
         torch.rand(2, 3, 8) + 0.5,
+    ),
+    "embedding_split": (
+        lambda: Lambda(embedding_split, embed=nn.Embedding(10, 8)),
+        torch.tensor([[1, 9, 0], [3, 3, 2]]),
     ),
     "batch_norm_read_twice": (lambda: Lambda(batch_norm_read_twice, conv=nn.Conv2d(4, 4, 1), bn=nn.BatchNorm2d(4)), X),
 }

@@ -21,6 +21,7 @@ from rewriter.ir import (
     ExpressionError,
     Iterator,
     Lit,
+    Opaque,
     Program,
     Scope,
     Tensor,
@@ -76,8 +77,14 @@ class Model:
         if self.proto is None:
             return self.run(inputs)
         session = onnxruntime.InferenceSession(self.proto.SerializeToString(), providers=["CPUExecutionProvider"])
-        feeds = {name: np.asarray(inputs[name], dtype=np.float32) for name in self.inputs}
+        types = {arg.name: _ORT_TYPES.get(arg.type, np.float32) for arg in session.get_inputs()}
+        feeds = {name: np.asarray(inputs[name], dtype=types.get(name, np.float32)) for name in self.inputs}
         return dict(zip(self.outputs, session.run(list(self.outputs), feeds)))
+
+
+# onnxruntime's input types -> numpy's (the program reads every input as float data)
+_ORT_TYPES = {f"tensor({t})": np.dtype(t) for t in ("float16", "double", "int8", "int16", "int32", "int64", "uint8")}
+_ORT_TYPES |= {"tensor(float)": np.dtype(np.float32), "tensor(bool)": np.dtype(bool)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,3 +177,33 @@ def with_extent(scope: Scope, shape: Sequence[int]) -> Scope:
     """The scope over a different output extent: reads outside the inputs are 0, so this is how
     asymmetric padding and output_padding extend (or crop) a builder's symmetric result."""
     return scope.with_traversal(Iterator(it.name, 0, size) for it, size in zip(scope.traversal, shape))
+
+
+def gather(
+    data: Tensor, indices: Tensor | np.ndarray, axis: int, constant: Callable[[np.ndarray], Tensor]
+) -> Scope | Opaque:
+    """ONNX Gather, torch's embedding and index_select: ``data`` at ``indices`` along ``axis``.
+    Constant indices that step evenly (one index, a range, every other row) are a view, which
+    the optimizer sees through; other constant indices (made a weight by ``constant``) and
+    indices known only at run time are an opaque gather."""
+    if not -data.rank <= axis < data.rank:
+        raise ExpressionError(f"gather: axis {axis} is out of range for {data.name} of rank {data.rank}")
+    axis %= data.rank
+    if isinstance(indices, Tensor):
+        return Opaque("gather", (data, indices), (("axis", axis),))
+    size, values = data.shape[axis], np.asarray(indices).astype(np.int64)
+    outside = (values < -size) | (values >= size)
+    if outside.any():
+        raise ExpressionError(
+            f"gather: index {int(values[outside].flat[0])} is out of range for axis {axis} of {data.name} (size {size})"
+        )
+    flat = (values % size).ravel()
+    step = int(flat[1] - flat[0]) if flat.size > 1 else 0
+    if values.ndim > 1 or not np.array_equal(flat, flat[0] + step * np.arange(flat.size)):
+        return Opaque("gather", (data, constant((values % size).astype(np.float32))), (("axis", axis),))
+    shape = data.shape[:axis] + values.shape + data.shape[axis + 1 :]
+    its = iterators(shape)
+    position = Var(f"i{axis}") * step + int(flat[0]) if values.ndim and step else Lit(int(flat[0]))
+    after = range(axis + values.ndim, len(shape))
+    reads = tuple(Var(f"i{k}") for k in range(axis)) + (position,) + tuple(Var(f"i{k}") for k in after)
+    return Scope(its, (), data[reads])

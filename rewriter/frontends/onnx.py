@@ -39,6 +39,7 @@ from rewriter.ir import (
     Iterator,
     Lit,
     Num,
+    Opaque,
     Program,
     Scope,
     Tensor,
@@ -84,6 +85,7 @@ from .common import (
     elementwise,
     fold_batch_norm,
     fresh,
+    gather,
     iterators,
     with_extent,
 )
@@ -246,7 +248,8 @@ _INTEGER_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})  # UINT8, INT8, UINT16, I
 
 def _input_shapes(onnx, graph, constants, overrides) -> dict[str, tuple[int, ...]]:
     """Static shapes of the graph inputs that are not initializers; symbolic dimensions are
-    refused, naming the tensor, unless ``overrides`` fixes them."""
+    refused, naming the tensor, unless ``overrides`` fixes them. Integer and boolean inputs
+    (token ids, masks) are float data in the program: exact up to 2**24."""
     unknown = sorted(set(overrides) - {value.name for value in graph.input})
     if unknown:
         raise OnnxImportError(f"input_shapes names {', '.join(map(repr, unknown))}, not graph inputs")
@@ -255,9 +258,9 @@ def _input_shapes(onnx, graph, constants, overrides) -> dict[str, tuple[int, ...
         if value.name in constants:
             continue
         tensor_type = value.type.tensor_type
-        if tensor_type.elem_type not in _FLOAT_TYPES:
+        if tensor_type.elem_type not in _FLOAT_TYPES | _INTEGER_TYPES | {9}:  # 9: BOOL
             kind = onnx.TensorProto.DataType.Name(tensor_type.elem_type) if tensor_type.elem_type else "not a tensor"
-            raise OnnxImportError(f"graph input {value.name!r} is not a floating-point tensor ({kind})")
+            raise OnnxImportError(f"graph input {value.name!r} is not a numeric tensor ({kind})")
         given = overrides.get(value.name)
         if not tensor_type.HasField("shape"):
             if given is None:
@@ -751,6 +754,14 @@ def _identity(node: _Node) -> Scope:
     return elementwise(node.tensor(0), lambda read: read)
 
 
+def _gather(node: _Node) -> Scope | Opaque:
+    """Gather: a view where the indices are constants that step evenly, else an opaque gather
+    (token embeddings: indices known only at run time)."""
+    indices = node.const(1)
+    chosen = node.tensor(1) if indices is None else indices
+    return gather(node.tensor(0), chosen, node.attr("axis", 0), lambda values: node.weight("indices", values))
+
+
 def _variadic(op: str):
     """Min / Max over any number of inputs, with broadcasting: a chain of binary ``op``."""
 
@@ -1133,6 +1144,7 @@ SUPPORTED_OPS: dict[str, _Op] = {
     "LogSoftmax": _op(_normalised_exp(log_softmax, "LogSoftmax"), "axis"),
     "ReduceMax": _op(_reduce(reduce_max), "axes", "keepdims", "noop_with_empty_axes"),
     "Squeeze": _op(_squeeze, "axes"),
+    "Gather": _op(_gather, "axis"),
     "Split": _op(_split, "axis", "split", "num_outputs", outputs=True),
     "Unsqueeze": _op(_squeeze, "axes"),
     "Expand": _op(_expand),

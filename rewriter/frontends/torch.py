@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rewriter.ir import Binary, ExpressionError, Lit, Program, Scope, Tensor, Unary, Var, smax
+from rewriter.ir import Binary, ExpressionError, Lit, Opaque, Program, Scope, Tensor, Unary, Var, smax
 from rewriter.ir.builders import (
     absolute,
     add,
@@ -77,6 +77,7 @@ from .common import (
     broadcast_to,
     elementwise,
     fold_batch_norm,
+    gather,
     iterators,
 )
 from .onnx import _concat, _pad, _pool, _reshaped, _slice, _transpose
@@ -173,14 +174,15 @@ def _constant_inputs(exported) -> dict[str, object]:
 
 
 def _user_inputs(exported) -> dict[str, tuple[int, ...]]:
-    """FX name -> static shape of each user input, in call order; only floating-point tensors."""
+    """FX name -> static shape of each user input, in call order; only tensors of numbers
+    (integer and boolean ones, token ids and masks, are float data in the program)."""
     nodes = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
     shapes = {}
     for spec in exported.graph_signature.input_specs:
         if spec.kind.name == "USER_INPUT":
             value = nodes[spec.arg.name].meta.get("val")
-            if not getattr(value, "is_floating_point", lambda: False)():
-                raise TorchImportError(f"input {spec.arg.name!r} is not a floating-point tensor ({value!r})")
+            if getattr(value, "is_complex", lambda: True)():
+                raise TorchImportError(f"input {spec.arg.name!r} is not a real-valued tensor ({value!r})")
             shapes[spec.arg.name] = _static_shape(value, f"input {spec.arg.name!r}")
     return shapes
 
@@ -219,6 +221,7 @@ class _Build:
         self.weights: dict[str, np.ndarray] = {}
         self.definitions: list[tuple[str, Scope]] = []
         self.folded_batch_norms: set[str] = set()  # batch norms a convolution has taken in
+        self.empty: set[str] = set()  # calls whose result has no elements: not defined
 
     def run(self, graph, foldable: set[str]) -> Model:
         for fx in graph.nodes:
@@ -242,12 +245,17 @@ class _Build:
             raise TorchImportError(f"{_op_key(fx)} node {fx.name!r}: folding it at build time fails: {err}") from None
 
     def define(self, node: "_Node") -> None:
+        if 0 in node.shape:  # empty: only a cat reads it, and leaves it out
+            self.empty.add(node.name)
+            return
         try:
             result = SUPPORTED_OPS[node.key](node)
         except TorchImportError:
             raise
         except ExpressionError as err:
             raise node.error(str(err)) from None
+        if result is None:  # a split: its parts are defined where they are read
+            return
         if isinstance(result, Tensor):  # a no-op, a folded batch norm, output 0 of a tuple
             self.values[node.name] = result
             return
@@ -259,6 +267,8 @@ class _Build:
 
     def tensor(self, fx) -> Tensor:
         """An FX value as the program reads it: a computed tensor, an input or a weight."""
+        if fx.name in self.empty:
+            raise TorchImportError(f"{fx.name!r} is empty (a size-0 axis): only cat reads an empty tensor")
         if fx.name not in self.values:
             if fx.name not in self.constants:
                 raise TorchImportError(f"{fx.name!r} is not defined before it is read")
@@ -575,10 +585,28 @@ def _alias(node: _Node) -> Tensor:
     return node.tensor(0)
 
 
-def _first_output(node: _Node) -> Tensor:
-    """``getitem(result, 0)`` of batch norm or max pooling; the other outputs (indices,
-    statistics) are refused."""
-    if node.arg(1) != 0:
+def _embedding(node: _Node) -> Scope | Opaque:
+    """``embedding(weight, indices)``: rows of the weight at the indices (an opaque gather when
+    they are known only at run time; ``padding_idx`` matters for training only)."""
+    indices = node.const(1)
+    chosen = node.tensor(1) if indices is None else indices
+    return gather(node.tensor(0), chosen, 0, lambda values: node.weight("indices", values))
+
+
+def _split(node: _Node) -> None:
+    """split_with_sizes: nothing of its own; each ``getitem`` of it is a slice."""
+    return None
+
+
+def _getitem(node: _Node) -> Tensor | Scope:
+    """``getitem(result, k)``: part k of a split (a slice of its input), or output 0 of batch
+    norm or max pooling; their other outputs (indices, statistics) are refused."""
+    source, part = node.arg(0), node.arg(1)
+    if _op_key(source) == "aten.split_with_sizes.default":  # (torch's split decomposes to it)
+        sizes, dim = source.args[1], source.args[2] if len(source.args) > 2 else 0
+        start = sum(sizes[:part])
+        return _slice(_AsOnnx(node, [source.args[0]], starts=[start], ends=[start + sizes[part]], axes=[dim]))
+    if part != 0:
         raise node.error(f"output #{node.arg(1)} of {_op_key(node.arg(0))} is not supported")
     return node.tensor(0)
 
@@ -612,7 +640,9 @@ def _permute(node: _Node) -> Scope:
 
 
 def _cat(node: _Node) -> Scope:
-    return _concat(_AsOnnx(node, node.arg(0), axis=node.arg(1)))
+    """cat; an empty part (the empty key-value cache of a first decoder step) adds nothing."""
+    parts = [fx for fx in node.arg(0) if math.prod(fx.meta["val"].shape) > 0]
+    return _concat(_AsOnnx(node, parts, axis=node.arg(1)))
 
 
 def _slice_tensor(node: _Node) -> Scope:
@@ -688,7 +718,7 @@ def _adaptive_avg_pool(node: _Node) -> Scope:
 
 
 # op overload -> handler: a Scope is a new definition, a Tensor an alias of an existing value.
-SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Tensor]] = {
+SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
     "aten.convolution.default": _convolution,
     _BATCH_NORM: _batch_norm,
     "aten.addmm.default": _addmm,
@@ -743,7 +773,9 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Tensor]] = {
     "aten._adaptive_avg_pool2d.default": _adaptive_avg_pool,
     "aten.clone.default": _alias,
     "aten.alias.default": _alias,
-    "getitem": _first_output,
+    "getitem": _getitem,
+    "aten.embedding.default": _embedding,
+    "aten.split_with_sizes.default": _split,
 }
 
 

@@ -6,7 +6,9 @@ project's text notation (``str(obj)``), which ``rewriter.ir.parse`` reads back t
     Index    integer expressions of iterators (``rewriter.ir.indices``)
     Scalar   the body of a scope: Num, Access, Unary, Binary
     Scope    L traversal ; S summation ; body   (a scope can be read like a tensor: scope[i, j])
-    Program  a DAG of named scopes connected by tensors
+    Opaque   op(inputs; attributes): what scopes cannot express (a gather by indices known only
+             at run time), run by a library; a definition of a program, never nested
+    Program  a DAG of named definitions (scopes, opaque operations) connected by tensors
 
 A read outside a tensor's bounds gives 0.
 """
@@ -340,17 +342,22 @@ def accesses(body: Scalar) -> PyIterator[Access]:
         yield from accesses(child)
 
 
-def tensor_shapes(expr: Scope | Program) -> dict[str, tuple[int, ...]]:
+def tensor_shapes(expr: Scope | Opaque | Program) -> dict[str, tuple[int, ...]]:
     """Input tensor name -> shape, over nested scopes too; refuses one name with two shapes."""
     if isinstance(expr, Program):
         return expr.inputs
-    shapes: dict[str, tuple[int, ...]] = {}
-    for access in accesses(expr.body):
-        inner = (
+    reads = (
+        [{t.name: t.shape} for t in expr.inputs]
+        if isinstance(expr, Opaque)
+        else (
             {access.source.name: access.source.shape}
             if isinstance(access.source, Tensor)
             else tensor_shapes(access.source)
+            for access in accesses(expr.body)
         )
+    )
+    shapes: dict[str, tuple[int, ...]] = {}
+    for inner in reads:
         for name, shape in inner.items():
             if shapes.setdefault(name, shape) != shape:
                 raise ExpressionError(f"tensor {name} is used with two shapes, {shapes[name]} and {shape}")
@@ -366,16 +373,82 @@ def nested_scopes(expr: Scope) -> PyIterator[Scope]:
 
 
 # --------------------------------------------------------------------------------------------
+# Opaque operations
+
+
+def _gather_shape(data: Tensor, indices: Tensor, axis: int) -> tuple[int, ...]:
+    return data.shape[:axis] + indices.shape + data.shape[axis + 1 :]
+
+
+# op -> (its input roles, its integer attributes, its output shape from inputs and attributes)
+OPAQUE_OPS = {"gather": (("data", "indices"), ("axis",), _gather_shape)}
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """``op(inputs; attributes)``: a program definition the scope language cannot express,
+    computed by a library (``rewriter.semantics.run_opaque``). ``gather(W, ids; axis=0)`` reads
+    ``W`` at the integer-valued entries of ``ids`` along ``axis`` (ONNX Gather: negative indices
+    count from the end), where ``ids`` is known only at run time (token embeddings). The
+    optimizer derives the scopes around it; it runs as written."""
+
+    __hash__ = cached_hash
+
+    op: str
+    inputs: tuple[Tensor, ...]
+    attributes: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.op not in OPAQUE_OPS:
+            raise ExpressionError(f"unknown opaque operation {self.op!r}; known: {', '.join(sorted(OPAQUE_OPS))}")
+        roles, names, shape = OPAQUE_OPS[self.op]
+        inputs = tuple(self.inputs)
+        if len(inputs) != len(roles) or not all(isinstance(t, Tensor) for t in inputs):
+            raise ExpressionError(f"{self.op} takes {len(roles)} tensors ({', '.join(roles)}), got {inputs!r}")
+        given = dict(self.attributes)
+        if sorted(given) != sorted(names):
+            raise ExpressionError(
+                f"{self.op} takes the attributes {', '.join(names)}, got {', '.join(given) or 'none'}"
+            )
+        values = {n: as_int(given[n], f"{self.op}: attribute {n}") for n in names}
+        if "axis" in values:
+            rank = inputs[0].rank
+            if not -rank <= values["axis"] < rank:
+                raise ExpressionError(
+                    f"{self.op}: axis {values['axis']} is out of range for {inputs[0].name} of rank {rank}"
+                )
+            values["axis"] %= rank
+        object.__setattr__(self, "inputs", inputs)
+        object.__setattr__(self, "attributes", tuple((n, values[n]) for n in names))
+        object.__setattr__(self, "_shape", shape(*inputs, *(values[n] for n in names)))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape  # type: ignore[attr-defined]
+
+    def attribute(self, name: str) -> int:
+        return dict(self.attributes)[name]
+
+    def __str__(self) -> str:
+        settings = ", ".join(f"{n}={v}" for n, v in self.attributes)
+        return f"{self.op}({', '.join(t.name for t in self.inputs)}{'; ' + settings if settings else ''})"
+
+
+Definition = Union[Scope, Opaque]
+
+
+# --------------------------------------------------------------------------------------------
 # Programs
 
 
 @dataclass(frozen=True)
 class Program:
-    """Named scopes in execution order; a later scope reads an earlier one as a Tensor by name."""
+    """Named definitions (scopes, opaque operations) in execution order; a later one reads an
+    earlier one as a Tensor by name."""
 
     __hash__ = cached_hash
 
-    definitions: tuple[tuple[str, Scope], ...]
+    definitions: tuple[tuple[str, Definition], ...]
     outputs: tuple[str, ...]
 
     def __post_init__(self) -> None:
@@ -385,8 +458,8 @@ class Program:
         inputs: dict[str, tuple[int, ...]] = {}
         for name, expr in self.definitions:
             check_name("tensor", name)
-            if not isinstance(expr, Scope):
-                raise ExpressionError(f"definition of {name} is not a Scope")
+            if not isinstance(expr, (Scope, Opaque)):
+                raise ExpressionError(f"definition of {name} is not a Scope or an Opaque operation")
             if name in defined or name in inputs:
                 raise ExpressionError(
                     f"tensor {name} is defined twice"
@@ -462,6 +535,6 @@ def format_scope(scope: Scope) -> str:
 
 
 def format_program(program: Program) -> str:
-    lines = [f"{name} = {format_scope(expr)}" for name, expr in program.definitions]
+    lines = [f"{name} = {expr}" for name, expr in program.definitions]
     lines.append("return " + ", ".join(program.outputs))
     return "\n".join(lines)

@@ -10,6 +10,8 @@ Grammar (``//`` marks comments in this docstring only)::
     unary   := '-' NUMBER | '-' unary | atom
     atom    := NUMBER | '(' sum ')' | NAME '(' sum {',' sum} ')' | NAME '[' index {',' index} ']'
              | '{' scope '}' '[' index {',' index} ']'
+    opaque  := NAME '(' NAME {',' NAME} [';' NAME '=' INT {',' NAME '=' INT}] ')'
+                                             // a definition only: gather(W, ids; axis=0)
 
 Every error is an ExpressionError that says where (line and column) and what.
 """
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from .errors import ExpressionError
 from .indices import Index, IndexNeg, IndexOp, Lit, Var
-from .nodes import Access, Binary, Iterator, Num, Program, Scalar, Scope, Tensor, Unary
+from .nodes import OPAQUE_OPS, Access, Binary, Definition, Iterator, Num, Opaque, Program, Scalar, Scope, Tensor, Unary
 from .notation import BINARY_FUNCTIONS, UNARY_FUNCTIONS
 
 _TOKEN = re.compile(
@@ -131,6 +133,26 @@ class _Parser:
         body = self.sum(index=False)
         self.bound = outer_bound
         return self.build(start, lambda: Scope(traversal, summation, body, reduce))
+
+    def definition(self) -> Definition:
+        """A scope, or an opaque operation: ``gather(W, ids; axis=0)``."""
+        start = self.token
+        if start.text not in OPAQUE_OPS or self.tokens[self.pos + 1].text != "(":
+            return self.scope()
+        self.pos += 2
+        inputs = [self.tensor(self.take("name", f"as an input of {start.text}"))]
+        while self.accept(","):
+            inputs.append(self.tensor(self.take("name", f"as an input of {start.text}")))
+        attributes = []
+        if self.accept(";"):
+            while True:
+                key = self.take("name", f"as an attribute of {start.text}")
+                self.expect("=", f"after {key.text}")
+                attributes.append((key.text, self.integer(f"as the value of {key.text}")))
+                if not self.accept(","):
+                    break
+        self.expect(")", f"to close {start.text}(...)")
+        return self.build(start, lambda: Opaque(start.text, tuple(inputs), tuple(attributes)))
 
     def iterators(self) -> tuple[Iterator, ...]:
         result: list[Iterator] = []
@@ -264,12 +286,13 @@ class _Parser:
         return self.build(start, lambda: Access(source, tuple(indices)))
 
 
-def parse(text: str, shapes: dict | None = None) -> Scope:
-    """Parse one expression in the notation; ``shapes`` maps each input tensor to its shape."""
+def parse(text: str, shapes: dict | None = None) -> Definition:
+    """Parse one expression in the notation (a scope, or an opaque operation); ``shapes`` maps
+    each input tensor to its shape."""
     if not isinstance(text, str):
         raise ExpressionError(f"parse() takes the expression text, got {type(text).__name__}")
     parser = _Parser(text, shapes)
-    scope = parser.scope()
+    scope = parser.definition()
     parser.take("end", "after the expression")
     return scope
 
@@ -278,7 +301,7 @@ def parse_program(text: str, shapes: dict | None = None) -> Program:
     """Parse lines ``NAME = scope`` ending with ``return NAME, ...``; later lines read earlier names."""
     parser = _Parser(text, shapes, newlines=True)
     given = set(parser.shapes)
-    definitions: list[tuple[str, Scope]] = []
+    definitions: list[tuple[str, Definition]] = []
     outputs: list[str] = []
     while True:
         while parser.token.kind == "newline":
@@ -292,7 +315,7 @@ def parse_program(text: str, shapes: dict | None = None) -> Program:
             continue
         name = parser.take("name", "at the start of a definition")
         parser.expect("=", f"after {name.text}")
-        expr = parser.scope()
+        expr = parser.definition()
         if parser.token.kind not in ("newline", "end"):
             raise parser.error(
                 f"expected end of line after the definition of {name.text}, found {parser.describe(parser.token)}"

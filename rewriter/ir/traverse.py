@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterator as PyIterator
 
 from .indices import Index, substitute_index
-from .nodes import Access, Binary, Scalar, Scope, Tensor, Unary, accesses
+from .nodes import Access, Binary, Opaque, Scalar, Scope, Tensor, Unary, accesses
 
 Position = tuple[int, ...]  # access numbers (left to right) leading from the root to a nested scope
 
@@ -42,9 +42,12 @@ def replace_reads(body: Scalar, name: str, make) -> Scalar:
     return map_accesses(body, read)
 
 
-def rename_tensors(scope: Scope, names: dict[str, str]) -> Scope:
+def rename_tensors(scope: Scope | Opaque, names: dict[str, str]) -> Scope | Opaque:
     """``scope`` reading tensor ``names[t]`` wherever it read ``t`` (all at once, nested scopes
     included), so swapping two names works."""
+    if isinstance(scope, Opaque):
+        inputs = tuple(Tensor(names.get(t.name, t.name), t.shape) for t in scope.inputs)
+        return Opaque(scope.op, inputs, scope.attributes)
 
     def read(access: Access) -> Scalar:
         source = access.source

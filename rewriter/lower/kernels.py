@@ -1,7 +1,7 @@
 """Kernels and candidates: what instantiation (OLLIE 4.3) hands to code generation.
 
 A ``Kernel`` is ``output = expr`` with the operator it matched (``match``, carrying its record)
-or none (an eOperator, compiled from its scope). A ``Candidate`` is kernels in execution order,
+or none (an eOperator, compiled from its scope; an opaque operation, run by a library). A ``Candidate`` is kernels in execution order,
 callable on inputs (BLAS for GEMMs, the reference semantics for every other kernel: for
 checking, never for speed), with an analytic ``cost`` (flops and bytes) that codegen's
 measurements replace.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from rewriter.ir import Binary, Scalar, Scope, Unary, nested_scopes, rename_tensors, tensor_shapes
+from rewriter.ir import Binary, Opaque, Scalar, Scope, Unary, nested_scopes, rename_tensors, tensor_shapes
 from rewriter.semantics import evaluate
 
 from .operators import GemmMatch, Operator, match_operator, run_gemm
@@ -31,9 +31,9 @@ LAUNCH_SECONDS = 5e-6  # every kernel call costs something, however small
 class Kernel:
     """One kernel: ``output = expr`` where expr reads inputs and earlier kernels' outputs by name."""
 
-    kind: str  # an operator's kind ("matmul", "conv2d", ...), or "eop" (an eOperator)
+    kind: str  # an operator's kind ("matmul", "conv2d", ...), "eop" (an eOperator) or "opaque"
     output: str
-    expr: Scope
+    expr: Scope | Opaque
     match: object | None = None  # the operator's match (GemmMatch, ConvMatch, BandMatch, ...)
     weight_only: bool = False  # reads only weights: evaluated once at build time (5.4)
 
@@ -47,6 +47,8 @@ class Kernel:
         """Analytic stand-in: compute time plus the bytes the kernel reads and writes."""
         moved = 4 * (math.prod(self.expr.shape) + sum(math.prod(s) for s in tensor_shapes(self.expr).values()))
         fixed = LAUNCH_SECONDS + moved / BYTES_PER_SECOND
+        if self.kind == "opaque":
+            return fixed
         if self.operator is not None:
             return self.operator.flops(self.expr) / BLAS_FLOPS + fixed
         # a fused eOperator still computes its nested scopes (once each): count their work too
@@ -58,8 +60,8 @@ class Kernel:
     def with_expr(self, expr: Scope) -> Kernel:
         """The same kernel over a renamed expression (matched again, by its own operator: the
         tensor names are in the match)."""
-        if self.kind == "eop":
-            return Kernel("eop", self.output, expr, None, self.weight_only)
+        if self.kind in ("eop", "opaque"):
+            return Kernel(self.kind, self.output, expr, None, self.weight_only)
         kind, match = match_operator(expr, None if self.operator is None else (self.operator,))
         return Kernel(kind, self.output, expr, match, self.weight_only)
 

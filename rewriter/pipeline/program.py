@@ -12,7 +12,9 @@ names ``ARG0, ARG1, ...`` and fingerprinted. The best program of every subprogra
 into one compiled program over the model's tensors, and post-processing fuses an eOperator that
 ends one subprogram into the eOperator of the next that alone reads it, where the fused kernel
 measures faster (5.4, Figure 9). Ctrl-C or the time budget stops the search; the subprograms not
-reached yet run as their identity kernel, so a result is always written.
+reached yet run as their identity kernel, so a result is always written. An opaque definition
+(a gather by run-time indices, ``rewriter.ir.Opaque``) is not searched: it runs its library
+function, and the scopes around it are derived as usual.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 
 from codegen.backend import Backend, as_backend
 from codegen.program import Fusion, load
-from rewriter.ir import ExpressionError, Program, Scope, parse, rename_tensors, tensor_shapes
+from rewriter.ir import Definition, ExpressionError, Opaque, Program, Scope, parse, rename_tensors, tensor_shapes
 from rewriter.lower import Candidate, Kernel, absorbs, instantiate, is_view
 from rewriter.search import eager_closure, fingerprint, registered
 
@@ -41,10 +43,11 @@ class Subprogram:
     """One definition of the program: how it was derived, and what that measured."""
 
     name: str
-    expr: Scope
+    expr: Definition
     kernels: tuple[str, ...]  # the kinds of its derived program's kernels, in order
     arguments: dict[str, str]  # positional name -> the program's tensor name
-    state: str  # "derived", "reused" (an equal subprogram was derived), "identity" (not searched)
+    # "derived", "reused" (an equal subprogram was derived), "identity" (not searched), "opaque"
+    state: str
     original_s: float  # the definition as one TVM kernel, measured
     optimized_s: float
     search_s: float
@@ -217,7 +220,8 @@ def fuse_elementwise(program: Program) -> Program:
     first and after each fusion, so that a view is seen as one (a Slice + Concat unfold merges
     into one read)."""
     eager = registered("eager")
-    program = Program(tuple((name, _closed(expr, eager)) for name, expr in program.definitions), program.outputs)
+    closed = tuple((name, _closed(e, eager) if isinstance(e, Scope) else e) for name, e in program.definitions)
+    program = Program(closed, program.outputs)
     changed = True
     while changed:
         changed = False
@@ -306,14 +310,22 @@ def optimize_program(
 
 
 def _subprogram(
-    name: str, expr: Scope, weights, derived: dict, backend: Backend, max_depth: int | None, budget: float | None
+    name: str, expr: Definition, weights, derived: dict, backend: Backend, max_depth: int | None, budget: float | None
 ):
-    """The subprogram ``name = expr`` derived (``max_depth`` None: as written, one TVM kernel),
-    or reused from ``derived`` (equal subprograms up to tensor names), and its compiled program
-    over positional names with its weights bound."""
+    """The subprogram ``name = expr`` derived (``max_depth`` None: as written, one TVM kernel;
+    an opaque definition: its library function), or reused from ``derived`` (equal subprograms
+    up to tensor names), and its compiled program over positional names with its weights bound."""
     positional, arguments, constant = _positional(expr, weights)
-    key = (fingerprint(positional), positional.shape, tuple(tensor_shapes(positional).items()), constant)
     bound = {a: weights[t] for a, t in arguments.items() if t in weights}
+    if isinstance(expr, Opaque):
+        compiled = backend.compile(Candidate([Kernel("opaque", "out", positional)]), tensor_shapes(positional))
+        backend.measure(compiled)
+        compiled.bind(bound)
+        explain = "run by its library function (not searched)"
+        return Subprogram(
+            name, expr, ("opaque",), arguments, "opaque", compiled.cost, compiled.cost, 0.0, explain
+        ), compiled
+    key = (fingerprint(positional), positional.shape, tuple(tensor_shapes(positional).items()), constant)
     kernels_before = len(instantiate(expr).kernels)
     start = time.perf_counter()
     if key in derived:  # searched once already: same kernels, this subprogram's weights
@@ -355,7 +367,7 @@ def _global_names(sub: Subprogram, compiled, taken: set[str]) -> dict[str, str]:
     return names
 
 
-def _positional(expr: Scope, weights) -> tuple[Scope, dict[str, str], tuple[str, ...]]:
+def _positional(expr: Definition, weights) -> tuple[Definition, dict[str, str], tuple[str, ...]]:
     """``expr`` over positional tensor names ``ARG0, ARG1, ..`` (so that equal definitions meet),
     the names' meaning, and which are weights."""
     arguments = {f"ARG{k}": tensor for k, tensor in enumerate(tensor_shapes(expr))}

@@ -1,7 +1,9 @@
 """The reference semantics: ``evaluate(expr, inputs)`` in numpy, the ground truth every rule,
-candidate and compiled program is checked against. Depends on ``rewriter.ir`` and
+candidate and compiled program is checked against; opaque operations as numpy functions
+(``run_opaque``) and inputs valid for them (``sample_inputs``). Depends on ``rewriter.ir`` and
 ``rewriter.index``."""
 
+from .opaque import OPAQUE, run_opaque, sample_inputs
 from .reference import evaluate
 
-__all__ = ["evaluate"]
+__all__ = ["OPAQUE", "evaluate", "run_opaque", "sample_inputs"]

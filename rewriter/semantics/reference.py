@@ -11,6 +11,8 @@ written for obviousness first and speed second:
 * a scope whose intermediates would be large is evaluated in chunks of its traversal space.
 
 Nested scopes are evaluated once per call (they are closed terms, so equal scopes share a value).
+An opaque operation (``rewriter.ir.Opaque``) is computed by its numpy function in ``OPAQUE``
+(``run_opaque``), which also runs it in compiled programs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from rewriter.ir import (
     ExpressionError,
     Iterator,
     Num,
+    Opaque,
     Program,
     Scalar,
     Scope,
@@ -38,6 +41,8 @@ from rewriter.ir import (
     index_vars,
     tensor_shapes,
 )
+
+from .opaque import run_opaque
 
 # Largest intermediate (in elements) built at once before the traversal space is chunked.
 CHUNK_ELEMENTS = 1 << 24
@@ -76,22 +81,22 @@ _BINARY = {
 }
 
 
-def evaluate(expr: Scope | Program, inputs: Mapping[str, object], dtype=np.float64):
-    """Evaluate a scope (or a program) on named input arrays; returns a numpy array.
-
-    A program returns its single output, or a tuple when it has several.
+def evaluate(expr: Scope | Opaque | Program, inputs: Mapping[str, object], dtype=np.float64):
+    """Evaluate a scope (an opaque operation, a program) on named input arrays; returns a numpy
+    array. A program returns its single output, or a tuple when it has several.
     """
     if isinstance(expr, Program):
         values = _check_inputs(expr.inputs, inputs, dtype)
         evaluator = _Evaluator(values, dtype)
-        for name, scope in expr.definitions:
-            values[name] = evaluator.scope(scope)
+        for name, definition in expr.definitions:
+            is_scope = isinstance(definition, Scope)
+            values[name] = evaluator.scope(definition) if is_scope else run_opaque(definition, values)
         outs = tuple(values[name] for name in expr.outputs)
         return outs[0] if len(outs) == 1 else outs
-    if not isinstance(expr, Scope):
-        raise ExpressionError(f"evaluate() takes a Scope or a Program, got {type(expr).__name__}")
+    if not isinstance(expr, (Scope, Opaque)):
+        raise ExpressionError(f"evaluate() takes a Scope, an Opaque or a Program, got {type(expr).__name__}")
     values = _check_inputs(tensor_shapes(expr), inputs, dtype)
-    return _Evaluator(values, dtype).scope(expr)
+    return _Evaluator(values, dtype).scope(expr) if isinstance(expr, Scope) else run_opaque(expr, values)
 
 
 def _check_inputs(shapes: dict, inputs: Mapping[str, object], dtype) -> dict[str, np.ndarray]:
