@@ -75,6 +75,7 @@ X4 = {"x": (2, 3, 7, 7)}
 # (id, op type, operands (a shape: graph input, an array: initializer), attributes[, opset])
 OP_CASES = [
     ("conv", "Conv", {**X4, "w": rnd(4, 3, 3, 3), "b": rnd(4)}, dict(pads=[1, 1, 1, 1])),
+    ("conv1d", "Conv", {"x": (2, 4, 11), "w": rnd(6, 2, 3)}, dict(group=2, strides=[2], dilations=[2], pads=[2, 1])),
     (
         "conv_stride_dilation",
         "Conv",
@@ -422,7 +423,7 @@ UNSUPPORTED_VALUES = [
     ),
     (
         one_node("Conv", {"x": (2, 3, 4, 5, 6), "w": rnd(2, 3, 1, 1, 1)}),
-        "Conv node 'node': only 2-D (rank-4 NCHW) inputs are supported",
+        "Conv node 'node': only 1-D (rank-3) and 2-D (rank-4) inputs are supported",
     ),
 ]
 

@@ -195,6 +195,7 @@ MODULES = {
     "conv_bn_relu": (lambda: nn.Sequential(nn.Conv2d(4, 5, 3, padding=1), nn.BatchNorm2d(5), nn.ReLU()), X),
     "conv_stride_dilation_groups": (lambda: nn.Conv2d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2), X),
     "residual_block": (ResidualBlock, X),
+    "conv1d": (lambda: nn.Conv1d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2), torch.randn(2, 4, 11)),
     "generator": (generator, torch.randn(2, 6, 4, 4)),
     "mlp_softmax": (mlp, torch.randn(3, 3, 2, 2)),
     "pooling": (lambda: Lambda(pooling), X),
@@ -241,11 +242,11 @@ def test_names_and_shapes_of_the_model():
 
 
 def test_unsupported_ops_are_listed_together_before_anything_else():
-    # the 1-D convolution is a supported operator its handler refuses: the listing comes first
+    # the 3-D convolution is a supported operator its handler refuses: the listing comes first
     def forward(s, x):
-        return torch.sort(x, -1)[0] + torch.cumsum(x, -1) + torch.sort(x, 0)[0], s.conv(x[0])
+        return torch.sort(x, -1)[0] + torch.cumsum(x, -1) + torch.sort(x, 0)[0], s.conv(x[None, None])
 
-    module = Lambda(forward, conv=nn.Conv1d(8, 2, 3))
+    module = Lambda(forward, conv=nn.Conv3d(1, 2, 3))
     with pytest.raises(TorchImportError) as err:
         from_torch(module.eval(), (torch.randn(4, 8, 8),))
     message = str(err.value)
@@ -255,8 +256,8 @@ def test_unsupported_ops_are_listed_together_before_anything_else():
 
 
 def test_handler_errors_name_the_node():
-    with pytest.raises(TorchImportError, match=r"aten.convolution.default node 'convolution': only 2-D convolutions"):
-        from_torch(nn.Conv1d(3, 2, 3), (torch.randn(1, 3, 8),))
+    with pytest.raises(TorchImportError, match=r"aten.convolution.default node 'convolution': only 1-D and 2-D"):
+        from_torch(nn.Conv3d(3, 2, 3), (torch.randn(1, 3, 4, 8, 8),))
     with pytest.raises(
         TorchImportError, match=r"node 'max_pool2d_with_indices': attribute ceil_mode=1 is not supported"
     ):

@@ -54,6 +54,7 @@ from rewriter.ir.builders import (
     ceil,
     clip,
     compare,
+    conv1d,
     conv2d,
     conv_transpose2d,
     erf,
@@ -530,10 +531,11 @@ _FLT_MAX = float(np.finfo(np.float32).max)
 # Handlers: convolutions and pooling
 
 
-def _spatial(node: _Node, x: Tensor) -> tuple[int, int]:
-    if x.rank != 4:
-        raise node.error(f"only 2-D (rank-4 NCHW) inputs are supported, got shape {x.shape}")
-    return x.shape[2], x.shape[3]
+def _spatial(node: _Node, x: Tensor, ranks=(4,)) -> tuple[int, ...]:
+    if x.rank not in ranks:
+        what = " and ".join(f"{r - 2}-D (rank-{r})" for r in ranks)
+        raise node.error(f"only {what} inputs are supported, got shape {x.shape}")
+    return x.shape[2:]
 
 
 def _pads(node: _Node, sizes, kernel, strides, dilations) -> list[tuple[int, int]]:
@@ -554,11 +556,11 @@ def _pads(node: _Node, sizes, kernel, strides, dilations) -> list[tuple[int, int
     return result
 
 
-def _window(node: _Node, x: Tensor, kernel):
+def _window(node: _Node, x: Tensor, kernel, ranks=(4,)):
     """Strides, dilations, pads and floor-mode output sizes of a convolution or pooling window."""
-    sizes = _spatial(node, x)
-    strides = node.ints("strides", default=(1, 1))
-    dilations = node.ints("dilations", default=(1, 1))
+    sizes = _spatial(node, x, ranks)
+    strides = node.ints("strides", default=(1,) * len(sizes))
+    dilations = node.ints("dilations", default=(1,) * len(sizes))
     pads = _pads(node, sizes, kernel, strides, dilations)
     out = tuple(
         (n + b + e - (k - 1) * d - 1) // s + 1 for n, k, s, d, (b, e) in zip(sizes, kernel, strides, dilations, pads)
@@ -585,12 +587,14 @@ def _with_bias(node: _Node, scope: Scope, index: int) -> Scope:
 
 
 def _conv(node: _Node) -> Scope:
+    """Conv over 1-D (N, C, L) or 2-D (N, C, H, W) inputs."""
     x, w = node.tensor(0), node.tensor(1)
     kernel = _kernel(node, w.shape)
-    strides, dilations, pads, out = _window(node, x, kernel)
-    begin, end = (pads[0][0], pads[1][0]), (pads[0][1], pads[1][1])
+    strides, dilations, pads, out = _window(node, x, kernel, ranks=(3, 4))
+    begin, end = tuple(b for b, _ in pads), tuple(e for _, e in pads)
+    build = conv2d if x.rank == 4 else conv1d
     groups = node.attr("group", 1)
-    scope = conv2d(x, w, stride=strides, padding=begin, dilation=dilations, groups=groups, padding_end=end)
+    scope = build(x, w, stride=strides, padding=begin, dilation=dilations, groups=groups, padding_end=end)
     return _with_bias(node, with_extent(scope, scope.shape[:2] + out), 2)
 
 

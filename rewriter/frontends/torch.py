@@ -20,7 +20,7 @@ it when it is that convolution's only reader, else it is a per-channel affine sc
 
 Shapes are static. What is not supported fails loudly: every unsupported operator of a graph is
 listed in one ``TorchImportError`` (with FX node names) before anything else is done; a handler's
-refusal (a 1-D convolution, ``ceil_mode=True``) names the node.
+refusal (a 3-D convolution, ``ceil_mode=True``) names the node.
 
 The backend translates each graph dynamo gives it the same way (its parameters are graph inputs,
 read at every call, so nothing is folded into them) and runs the program with the reference
@@ -45,6 +45,7 @@ from rewriter.ir.builders import (
     ceil,
     clip,
     compare,
+    conv1d,
     conv2d,
     conv_transpose2d,
     erf,
@@ -385,15 +386,17 @@ def _convolution(node: _Node) -> Scope:
     """``convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups)``."""
     x = node.tensor(0)
     stride, padding, dilation, transposed, output_padding, groups = (node.arg(k) for k in range(3, 9))
-    if x.rank != 4:
-        raise node.error(f"only 2-D convolutions (rank-4 NCHW input) are supported, got shape {x.shape}")
+    if x.rank not in (3, 4) or (transposed and x.rank != 4):
+        raise node.error(
+            f"only 1-D and 2-D convolutions and 2-D transposed ones are supported, got input shape {x.shape}"
+        )
     if transposed and (groups != 1 or any(d != 1 for d in dilation)):
         raise node.error(f"transposed convolution with groups={groups}, dilation={dilation} is not supported")
     weight, bias = _conv_parameters(node, transposed)
     if transposed:
         scope = conv_transpose2d(x, weight, stride, padding, output_padding)
     else:
-        scope = conv2d(x, weight, stride, padding, dilation, groups)
+        scope = (conv2d if x.rank == 4 else conv1d)(x, weight, stride, padding, dilation, groups)
     return scope if bias is None else elementwise(scope, lambda read: read + bias[Var("i1")])
 
 

@@ -41,6 +41,7 @@ from .notation import COMPARISONS, KEYWORDS, UNARY_FUNCTIONS
 __all__ = [
     "matmul",
     "batch_matmul",
+    "conv1d",
     "conv2d",
     "conv_transpose2d",
     "g2bmm",
@@ -366,6 +367,44 @@ def conv2d(
         return Scope(_its(("n", n), ("f", f), ("h", oh), ("w", ow)), summation, body)
     body = x.read(vn, row, col, channel) * w.read(vr, vs, vf, vc)
     return Scope(_its(("n", n), ("h", oh), ("w", ow), ("f", f)), summation, body)
+
+
+def _single(value: object, what: str, minimum: int) -> int:
+    """An int or a one-element list of ints, as 1-D convolutions take stride/padding/dilation."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 1:
+            raise ExpressionError(f"{what} must be an integer or one integer in a list, got {value!r}")
+        value = value[0]
+    return _int(value, what, minimum)
+
+
+@_builder("conv1d")
+def conv1d(x: Operand, w: Operand, stride=1, padding=0, dilation=1, groups: int = 1, padding_end=None) -> Scope:
+    """1-D convolution (cross-correlation, as PyTorch's ``conv1d``), default names A (input,
+    (N, C, L)) and K (weight, (F, C/groups, S)); arguments as ``conv2d``'s, one size each::
+
+        L n:N, f:F, w:OW ; S c:C/groups, s:S ; A[n, c, w+s-1] * K[f, c, s]
+
+    (padding 1). With groups, output channel ``f`` reads input channel ``Cg*(f/Fg)+c``.
+    """
+    x, w = _operands(("x", x, "A"), ("w", w, "K"))
+    _rank(x, 3, "input")
+    _rank(w, 3, "weight")
+    stride, padding = _single(stride, "stride", 1), _single(padding, "padding", 0)
+    dilation, groups = _single(dilation, "dilation", 1), _int(groups, "groups", 1)
+    (n, c, length), (f, cg, k) = x.shape, w.shape
+    if c % groups or f % groups or cg * groups != c:
+        raise ExpressionError(
+            f"weight {w.label} has {cg} input channels per group and {f} output channels; input {x.label} has "
+            f"{c} channels and groups={groups}"
+        )
+    end = padding if padding_end is None else _single(padding_end, "padding_end", 0)
+    out = _conv_output_size(length, k, stride, padding, dilation, "length", end)
+    vn, vf, vw, vc, vs = (Var(v) for v in "nfwcs")
+    fg = f // groups
+    channel = vc if groups == 1 else _linear((cg, vf if fg == 1 else vf // Lit(fg)), (1, vc))
+    body = x.read(vn, channel, _linear((stride, vw), (dilation, vs), -padding)) * w.read(vf, vc, vs)
+    return Scope(_its(("n", n), ("f", f), ("w", out)), _its(("c", cg), ("s", k)), body)
 
 
 @_builder("conv_transpose2d")
