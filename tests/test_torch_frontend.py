@@ -195,6 +195,7 @@ MODULES = {
     "conv_bn_relu": (lambda: nn.Sequential(nn.Conv2d(4, 5, 3, padding=1), nn.BatchNorm2d(5), nn.ReLU()), X),
     "conv_stride_dilation_groups": (lambda: nn.Conv2d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2), X),
     "residual_block": (ResidualBlock, X),
+    "group_norm": (lambda: nn.Sequential(nn.Conv2d(4, 6, 1), nn.GroupNorm(3, 6), nn.GroupNorm(6, 6)), X),
     "conv1d": (lambda: nn.Conv1d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2), torch.randn(2, 4, 11)),
     "generator": (generator, torch.randn(2, 6, 4, 4)),
     "mlp_softmax": (mlp, torch.randn(3, 3, 2, 2)),

@@ -61,6 +61,7 @@ from rewriter.ir.builders import (
     exp,
     floor,
     gelu,
+    group_norm,
     layer_norm,
     log,
     log_softmax,
@@ -884,6 +885,19 @@ def _instance_norm(node: _Node) -> Scope:
     return add(mul(normalised, scale), bias)
 
 
+def _group_norm(node: _Node) -> Scope:
+    """GroupNormalization (``group_norm``). Opset 18 gives scale and bias per group (each
+    channel takes its group's: a view), opset 21 per channel."""
+    x, groups = node.tensor(0), node.attr("num_groups")
+    if node.attr("stash_type", 1) != 1:
+        raise node.error("stash_type other than float32 is not supported")
+    scale, bias = node.tensor(1), node.tensor(2)
+    if node.opset < 21 and scale.shape == (groups,) != (x.shape[1],):
+        per_group = x.shape[1] // groups
+        scale, bias = (Scope(iterators(x.shape[1:2]), (), t[Var("i0") // Lit(per_group)]) for t in (scale, bias))
+    return group_norm(x, groups, node.attr("epsilon", 1e-5), scale, bias)
+
+
 def _squeeze(node: _Node) -> Scope:
     """Squeeze / Unsqueeze: a reshape to the shape their axes give."""
     x = node.tensor(0)
@@ -1145,6 +1159,7 @@ SUPPORTED_OPS: dict[str, _Op] = {
     "Dropout": _op(_dropout, "seed", "ratio"),
     "LayerNormalization": _op(_layer_norm, "axis", "epsilon", "stash_type"),
     "InstanceNormalization": _op(_instance_norm, "epsilon"),
+    "GroupNormalization": _op(_group_norm, "epsilon", "num_groups", "stash_type"),
     "LogSoftmax": _op(_normalised_exp(log_softmax, "LogSoftmax"), "axis"),
     "ReduceMax": _op(_reduce(reduce_max), "axes", "keepdims", "noop_with_empty_axes"),
     "Squeeze": _op(_squeeze, "axes"),

@@ -52,6 +52,7 @@ from rewriter.ir.builders import (
     exp,
     floor,
     gelu,
+    group_norm,
     layer_norm,
     log,
     matmul,
@@ -570,6 +571,14 @@ def _layer_norm(node: _Node) -> Scope:
     return layer_norm(x, tuple(range(x.rank - len(normalized), x.rank)), float(node.arg(4)), weight, bias)
 
 
+def _group_norm(node: _Node) -> Scope:
+    """``native_group_norm(x, weight, bias, N, C, HxW, groups, eps)`` (``group_norm``); only
+    output 0 (the result) is read."""
+    weight = node.tensor(1) if node.arg(1) is not None else None
+    bias = node.tensor(2) if node.arg(2) is not None else None
+    return group_norm(node.tensor(0), node.arg(6), float(node.arg(7)), weight, bias)
+
+
 def _gelu(node: _Node) -> Scope:
     return gelu(node.tensor(0), node.arg(1) or "none")
 
@@ -757,6 +766,7 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
     "aten.full_like.default": _full_like,
     "aten.gelu.default": _gelu,
     "aten.native_layer_norm.default": _layer_norm,
+    "aten.native_group_norm.default": _group_norm,
     "aten.leaky_relu.default": _leaky_relu,
     "aten.hardtanh.default": _hardtanh,
     "aten._softmax.default": _softmax,

@@ -76,6 +76,7 @@ __all__ = [
     "softmax",
     "log_softmax",
     "layer_norm",
+    "group_norm",
     "einsum",
 ]
 
@@ -896,6 +897,56 @@ def layer_norm(
 
     extras = [ops[p] for p in ("weight", "bias") if p in ops]
     return _map(normalise, [centered, var] + extras)
+
+
+@_builder("group_norm")
+def group_norm(
+    x: Operand, groups: int, eps: float = 1e-5, weight: Operand | None = None, bias: Operand | None = None
+) -> Scope:
+    """Group normalisation (PyTorch's ``group_norm``): the channels (axis 1) of each sample in
+    ``groups`` groups of Cg = C/groups, each group normalised over its channels and the axes
+    after them (biased variance), then ``weight[c]`` and ``bias[c]`` (optional, shape (C,));
+    default names A, W, B::
+
+        mean = L n:N, g:G ; S c:Cg, s:S ; A[n, Cg*g+c, s] * (1/(Cg*S))
+        d    = L n:N, c:C, s:S ; A[n, c, s] - {mean}[n, c/Cg]
+        var  = L n:N, g:G ; S c:Cg, s:S ; {d}[n, Cg*g+c, s] * {d}[n, Cg*g+c, s] * (1/(Cg*S))
+        out  = L n:N, c:C, s:S ; {d}[n, c, s] / sqrt({var}[n, c/Cg] + eps) * W[c] + B[c]
+
+    (one spatial axis shown). InstanceNormalization is ``groups = C``.
+    """
+    specs = [("x", x, "A")] + [(p, v, d) for p, v, d in (("weight", weight, "W"), ("bias", bias, "B")) if v is not None]
+    ops = dict(zip((p for p, _, _ in specs), _operands(*specs)))
+    x = ops["x"]
+    if x.rank < 2:
+        raise ExpressionError(f"input {x.label} must have a channel axis (rank 2 or more), got shape {x.shape}")
+    groups = _int(groups, "groups", 1)
+    channels, spatial = x.shape[1], x.shape[2:]
+    if channels % groups:
+        raise ExpressionError(f"groups={groups} must divide the {channels} channels of input {x.label}")
+    if not _is_number(eps) or not math.isfinite(eps) or eps < 0:
+        raise ExpressionError(f"eps must be a non-negative number, got {eps!r}")
+    for param in ("weight", "bias"):
+        if param in ops and ops[param].shape != (channels,):
+            raise ExpressionError(f"{param} {ops[param].label} has shape {ops[param].shape}, expected ({channels},)")
+    cg = channels // groups
+    scale = Num(1.0 / (cg * math.prod(spatial)))
+    n, c, g = Var("n"), Var("c"), Var("g")
+    axes = tuple(Var(f"s{k}") for k in range(len(spatial)))
+    over = _its(*((f"s{k}", size) for k, size in enumerate(spatial)))
+    member = _linear((cg, g), (1, c))  # channel c of group g
+    group = c if cg == 1 else c // Lit(cg)  # the group of channel c
+    whole = _its(("n", x.shape[0]), ("c", channels)) + over
+    per_group, within = _its(("n", x.shape[0]), ("g", groups)), _its(("c", cg)) + over
+    mean = Scope(per_group, within, x.read(n, member, *axes) * scale)
+    centred = Scope(whole, (), x.read(n, c, *axes) - mean[n, group])
+    var = Scope(per_group, within, centred[(n, member) + axes] * centred[(n, member) + axes] * scale)
+    out = centred[(n, c) + axes] / Unary("sqrt", var[n, group] + Num(float(eps)))
+    if "weight" in ops:
+        out = out * ops["weight"].read(c)
+    if "bias" in ops:
+        out = out + ops["bias"].read(c)
+    return Scope(whole, (), out)
 
 
 # --------------------------------------------------------------------------------------------
