@@ -210,6 +210,25 @@ OP_CASES = [
     ("layer_norm", "LayerNormalization", {"x": (2, 3, 4), "s": rnd(4), "b": rnd(4)}, dict(epsilon=1e-3)),
     ("layer_norm_axis1", "LayerNormalization", {"x": (2, 3, 4), "s": rnd(3, 4)}, dict(axis=1)),
     ("instance_norm", "InstanceNormalization", {**X4, "s": rnd(3), "b": rnd(3)}, dict(epsilon=1e-3)),
+    ("resize_nearest", "Resize", {**X4, "roi": np.zeros(0, np.float32), "s": np.float32([1, 1, 2, 1.5])}, {}),
+    (
+        "resize_nearest_sizes",
+        "Resize",
+        {**X4, "roi": np.zeros(0, np.float32), "s": np.zeros(0, np.float32), "n": i64(2, 3, 5, 16)},
+        dict(coordinate_transformation_mode="align_corners", nearest_mode="round_prefer_ceil"),
+    ),
+    (
+        "resize_linear",
+        "Resize",
+        {**X4, "roi": np.zeros(0, np.float32), "s": np.float32([1, 1, 2, 2])},
+        dict(mode="linear"),
+    ),
+    (
+        "resize_linear_sizes",
+        "Resize",
+        {**X4, "roi": np.zeros(0, np.float32), "s": np.zeros(0, np.float32), "n": i64(2, 3, 3, 12)},
+        dict(mode="linear", coordinate_transformation_mode="asymmetric"),
+    ),
     # opset 18: scale and bias per group; 21: per channel
     ("group_norm_18", "GroupNormalization", {**X4, "s": rnd(3), "b": rnd(3)}, dict(num_groups=3, epsilon=1e-3), 18),
     ("group_norm_21", "GroupNormalization", {"x": (2, 6, 5), "s": rnd(6), "b": rnd(6)}, dict(num_groups=2), 21),

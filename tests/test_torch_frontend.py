@@ -183,6 +183,16 @@ def embedding_split(s, ids):
     return q * k, v1 + v3.sum(-1, keepdim=True), torch.cat([q[:, :0], q], 1)
 
 
+def upsampling(s, x):
+    """Nearest and bilinear, by factor and by size, corners aligned or not."""
+    return (
+        F.interpolate(x, scale_factor=2, mode="nearest"),
+        F.interpolate(x, size=(5, 11), mode="nearest"),
+        F.interpolate(x, scale_factor=(2, 1.5), mode="bilinear"),
+        F.interpolate(x, size=(3, 13), mode="bilinear", align_corners=True),
+    )
+
+
 def batch_norm_read_twice(s, x):
     y = s.conv(x)
     return s.bn(y) + y
@@ -196,6 +206,7 @@ MODULES = {
     "conv_stride_dilation_groups": (lambda: nn.Conv2d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2), X),
     "residual_block": (ResidualBlock, X),
     "group_norm": (lambda: nn.Sequential(nn.Conv2d(4, 6, 1), nn.GroupNorm(3, 6), nn.GroupNorm(6, 6)), X),
+    "upsampling": (lambda: Lambda(upsampling), X),
     "conv1d": (lambda: nn.Conv1d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2), torch.randn(2, 4, 11)),
     "generator": (generator, torch.randn(2, 6, 4, 4)),
     "mlp_softmax": (mlp, torch.randn(3, 3, 2, 2)),

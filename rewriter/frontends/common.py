@@ -8,6 +8,7 @@ weight (scaled along the output-channel axis) and bias (OLLIE 5.4: compile-time 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -207,3 +208,86 @@ def gather(
     after = range(axis + values.ndim, len(shape))
     reads = tuple(Var(f"i{k}") for k in range(axis)) + (position,) + tuple(Var(f"i{k}") for k in after)
     return Scope(its, (), data[reads])
+
+
+# ONNX Resize's coordinate transformations: output coordinate o -> input coordinate, given the
+# scale (output size / input size, or as the model states it) and the two sizes
+_COORDINATES = {
+    "half_pixel": lambda o, scale, n, m: (o + 0.5) / scale - 0.5,
+    "pytorch_half_pixel": lambda o, scale, n, m: (o + 0.5) / scale - 0.5 if m > 1 else 0 * o,
+    "align_corners": lambda o, scale, n, m: o * (n - 1) / (m - 1) if m > 1 else 0 * o,
+    "asymmetric": lambda o, scale, n, m: o / scale,
+}
+_ROUNDING = {
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round_prefer_floor": lambda v: np.ceil(v - 0.5),
+    "round_prefer_ceil": lambda v: np.floor(v + 0.5),
+}
+
+
+def resize_weights(
+    size_in: int, size_out: int, mode: str, coordinates: str, nearest: str = "floor", scale: float | None = None
+) -> np.ndarray:
+    """The (size_out, size_in) matrix of a 1-D resize (ONNX Resize, torch's upsampling): row o
+    weighs the inputs output o reads. ``mode`` "nearest" reads one input (rounded by
+    ``nearest``), "linear" two neighbours; coordinates outside the input clamp to its ends."""
+    if coordinates not in _COORDINATES:
+        raise ExpressionError(
+            f"coordinate transformation {coordinates!r} is not supported; supported: {', '.join(_COORDINATES)}"
+        )
+    if mode not in ("nearest", "linear") or (mode == "nearest" and nearest not in _ROUNDING):
+        raise ExpressionError(f"resize mode {mode!r} (nearest mode {nearest!r}) is not supported")
+    position = _COORDINATES[coordinates](
+        np.arange(size_out, dtype=np.float64), scale or size_out / size_in, size_in, size_out
+    )
+    rows, matrix = np.arange(size_out), np.zeros((size_out, size_in))
+    if mode == "nearest":
+        matrix[rows, np.clip(_ROUNDING[nearest](position), 0, size_in - 1).astype(np.int64)] = 1.0
+        return matrix
+    position = np.clip(position, 0, size_in - 1)
+    low = np.floor(position).astype(np.int64)
+    np.add.at(matrix, (rows, low), 1 - (position - low))
+    np.add.at(matrix, (rows, np.minimum(low + 1, size_in - 1)), position - low)
+    return matrix
+
+
+def _floor_form(matrix: np.ndarray) -> tuple[int, int, int] | None:
+    """(a, b, d) where the matrix reads input ``(a*o + b) / d`` (floor division) at output o
+    alone, with a/d the size ratio: nearest resizing at a rational scale is a view."""
+    if not np.array_equal(np.count_nonzero(matrix, axis=1), np.ones(len(matrix))) or not (matrix.max() == 1):
+        return None
+    read = matrix.argmax(axis=1)
+    size_out, size_in = matrix.shape
+    common = math.gcd(size_in, size_out)
+    a, d = size_in // common, size_out // common
+    offsets = np.arange(d)[:, None]
+    fits = np.all((a * np.arange(size_out)[None, :] + offsets) // d == read[None, :], axis=1)
+    return (a, int(np.argmax(fits)), d) if fits.any() else None
+
+
+def resize(x: Tensor, matrices: Mapping[int, np.ndarray], constant: Callable[[np.ndarray], Tensor]) -> Scope:
+    """``x`` resized along each axis of ``matrices`` (axis -> ``resize_weights``). An axis read
+    at ``(a*o + b) / d`` (nearest at a rational scale) is a view; another is a product with its
+    interpolation matrix (a weight made by ``constant``), one nested scope per axis, the last
+    axis innermost, so each is one matrix product (separable, as bilinear interpolation is)."""
+    reads: list = [Var(f"i{k}") for k in range(x.rank)]
+    shape, weighted = list(x.shape), []
+    for axis, matrix in sorted(matrices.items()):
+        form = _floor_form(matrix)
+        if form is None:
+            weighted.append((axis, constant(matrix.astype(np.float32))))
+            continue
+        shape[axis] = matrix.shape[0]
+        a, b, d = form
+        scaled = Var(f"i{axis}") * a + b if (a, b) != (1, 0) else Var(f"i{axis}")
+        reads[axis] = scaled // Lit(d) if d > 1 else scaled
+    current = None
+    for axis, weight in reversed(weighted):
+        index = list(reads) if current is None else [Var(f"i{k}") for k in range(x.rank)]
+        index[axis] = Var("r")
+        source = x if current is None else current
+        body = weight[Var(f"i{axis}"), Var("r")] * source[tuple(index)]
+        shape[axis] = weight.shape[0]
+        current = Scope(iterators(shape), (Iterator("r", 0, weight.shape[1]),), body)
+    return current if current is not None else Scope(iterators(shape), (), x[tuple(reads)])

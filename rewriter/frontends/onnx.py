@@ -89,6 +89,8 @@ from .common import (
     fresh,
     gather,
     iterators,
+    resize,
+    resize_weights,
     with_extent,
 )
 
@@ -898,6 +900,37 @@ def _group_norm(node: _Node) -> Scope:
     return group_norm(x, groups, node.attr("epsilon", 1e-5), scale, bias)
 
 
+def _resize(node: _Node) -> Scope:
+    """Resize, nearest and linear (``resize``: a view at rational nearest scales, else one
+    interpolation matrix product per resized axis). Output sizes from ``sizes``, else the
+    floor of size times ``scales`` (whose values the coordinates then use)."""
+    x = node.tensor(0)
+    if node.attr("mode", "nearest") not in ("nearest", "linear"):
+        raise node.error(f"attribute mode={node.attr('mode')!r} is not supported (nearest and linear are)")
+    if node.attr("antialias", 0) or node.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise node.error("attributes antialias and keep_aspect_ratio_policy are not supported")
+    axes = [a % x.rank for a in node.ints("axes", default=range(x.rank))]
+    scales_at, sizes_at = (1, None) if node.opset < 11 else (2, 3)
+    scales = node.const(scales_at) if node.has(scales_at) else None
+    sizes = node.const(sizes_at) if sizes_at is not None and node.has(sizes_at) else None
+    if (sizes is None or sizes.size == 0) and (scales is None or scales.size == 0):
+        raise node.error("the output sizes or scales must be constants")
+    matrices = {}
+    for k, axis in enumerate(axes):
+        given = float(scales[k]) if sizes is None or sizes.size == 0 else None
+        out = int(sizes[k]) if given is None else int(math.floor(x.shape[axis] * given))
+        if out != x.shape[axis] or (given is not None and given != 1.0):
+            matrices[axis] = resize_weights(
+                x.shape[axis],
+                out,
+                node.attr("mode", "nearest"),
+                node.attr("coordinate_transformation_mode", "half_pixel"),
+                node.attr("nearest_mode", "round_prefer_floor"),
+                given,
+            )
+    return resize(x, matrices, lambda matrix: node.weight("interpolation", matrix))
+
+
 def _squeeze(node: _Node) -> Scope:
     """Squeeze / Unsqueeze: a reshape to the shape their axes give."""
     x = node.tensor(0)
@@ -1163,6 +1196,18 @@ SUPPORTED_OPS: dict[str, _Op] = {
     "LogSoftmax": _op(_normalised_exp(log_softmax, "LogSoftmax"), "axis"),
     "ReduceMax": _op(_reduce(reduce_max), "axes", "keepdims", "noop_with_empty_axes"),
     "Squeeze": _op(_squeeze, "axes"),
+    "Resize": _op(
+        _resize,
+        "mode",
+        "coordinate_transformation_mode",
+        "nearest_mode",
+        "cubic_coeff_a",
+        "exclude_outside",
+        "extrapolation_value",
+        "antialias",
+        "axes",
+        "keep_aspect_ratio_policy",
+    ),
     "Gather": _op(_gather, "axis"),
     "Split": _op(_split, "axis", "split", "num_outputs", outputs=True),
     "Unsqueeze": _op(_squeeze, "axes"),

@@ -81,6 +81,8 @@ from .common import (
     fold_batch_norm,
     gather,
     iterators,
+    resize,
+    resize_weights,
 )
 from .onnx import _concat, _pad, _pool, _reshaped, _slice, _transpose
 
@@ -571,6 +573,26 @@ def _layer_norm(node: _Node) -> Scope:
     return layer_norm(x, tuple(range(x.rank - len(normalized), x.rank)), float(node.arg(4)), weight, bias)
 
 
+def _upsample(mode: str):
+    """``upsample_nearest2d.vec(x, output_size, scale_factors)`` and
+    ``upsample_bilinear2d.vec(x, output_size, align_corners, scale_factors)`` (``resize``):
+    torch's nearest reads ``floor(o / scale)``, its bilinear ``(o + 0.5) / scale - 0.5``
+    (corners aligned: ``o * (n-1) / (m-1)``), clamped to the input."""
+
+    def handle(node: _Node) -> Scope:
+        x = node.tensor(0)
+        corners = mode == "linear" and node.arg(2)
+        factors = node.arg(2 if mode == "nearest" else 3)
+        matrices = {}
+        for k, axis in enumerate(range(2, x.rank)):
+            size, scale = node.shape[axis], (float(factors[k]) if factors else None)
+            coordinates = "align_corners" if corners else ("asymmetric" if mode == "nearest" else "half_pixel")
+            matrices[axis] = resize_weights(x.shape[axis], size, mode, coordinates, "floor", scale)
+        return resize(x, matrices, lambda matrix: node.weight("interpolation", matrix))
+
+    return handle
+
+
 def _group_norm(node: _Node) -> Scope:
     """``native_group_norm(x, weight, bias, N, C, HxW, groups, eps)`` (``group_norm``); only
     output 0 (the result) is read."""
@@ -767,6 +789,8 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
     "aten.gelu.default": _gelu,
     "aten.native_layer_norm.default": _layer_norm,
     "aten.native_group_norm.default": _group_norm,
+    "aten.upsample_nearest2d.vec": _upsample("nearest"),
+    "aten.upsample_bilinear2d.vec": _upsample("linear"),
     "aten.leaky_relu.default": _leaky_relu,
     "aten.hardtanh.default": _hardtanh,
     "aten._softmax.default": _softmax,
