@@ -304,6 +304,13 @@ class _Lowering:
                 return tvm.tirx.max(a, b)
             case "min":
                 return tvm.tirx.min(a, b)
+            case "pow" if isinstance(b, tvm.tirx.FloatImm) and b.value in (2.0, 3.0, 4.0):
+                # a small integer power as products (a compiler's powi): equal to rounding, and
+                # TVM's power warns about integer exponents above 2 at every compile
+                product = a
+                for _ in range(int(b.value) - 1):
+                    product = product * a
+                return product
             case "pow":
                 return tvm.tirx.power(a, b)
             case "less" | "less_equal" | "greater" | "greater_equal" | "equal":

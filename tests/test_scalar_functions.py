@@ -79,3 +79,12 @@ def test_binary_function(fn, data):
     want = meaning(a.astype(np.float64), b.astype(np.float64))
     np.testing.assert_allclose(evaluate(expr, {"A": a, "B": b}), want, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(compile_scope(expr)(A=a, B=b), want, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("exponent", [2, 3, 4, 2.5])
+def test_a_constant_power_compiles_to_the_reference_values(exponent):
+    """Small integer exponents are products in generated code (negative bases included)."""
+    x = np.linspace(-3, 3, 12).astype(np.float32)
+    x = np.abs(x) if exponent == 2.5 else x
+    expr = parse(f"L i:12 ; pow(A[i], {exponent})", {"A": (12,)})
+    np.testing.assert_allclose(compile_scope(expr)(A=x), np.power(x.astype(np.float64), exponent), rtol=2e-6)

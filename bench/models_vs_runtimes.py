@@ -1,0 +1,143 @@
+"""Real models at full size: the optimized program against onnxruntime, PyTorch eager and
+torch.compile, end to end.
+
+    python3 bench/models_vs_runtimes.py [--models bert,gpt2,vit,segformer,convnext,resnet,mobilenetv2]
+                                        [--max-depth 1] [--subprogram-time-limit 10] [--rounds 10]
+                                        [--tokens 128] [--image-size 224]
+
+Each model is built from the ``transformers`` library's own definition with its default (full
+size) configuration and random weights (no downloads), exported with ``torch.onnx.export``
+(opset 17), imported with ``load_onnx`` and optimized with ``optimize_program`` (the path of
+``rewriter optimize``). All four are checked against onnxruntime's output, then timed in one
+process, interleaved round by round (``vs_torch.interleaved``), in float32: onnxruntime with 2
+intra-op threads and spinning off, PyTorch under ``no_grad``. Adds (or replaces) one row per model
+in bench/results/models_vs_runtimes.json, with the time the optimizer took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
+import transformers as T  # noqa: E402
+from vs_torch import interleaved  # noqa: E402  (sets the thread pools' idle policy first)
+
+from rewriter.frontends.onnx import load_onnx  # noqa: E402
+from rewriter.pipeline import optimize_program  # noqa: E402
+
+# name -> the model with its default configuration; text models read token ids
+MODELS = {
+    "bert": lambda: T.BertModel(T.BertConfig(), add_pooling_layer=False),
+    "gpt2": lambda: T.GPT2Model(T.GPT2Config()),
+    "vit": lambda: T.ViTModel(T.ViTConfig(), add_pooling_layer=False),
+    "segformer": lambda: T.SegformerModel(T.SegformerConfig()),
+    "convnext": lambda: T.ConvNextModel(T.ConvNextConfig()),
+    "resnet": lambda: T.ResNetModel(T.ResNetConfig()),
+    "mobilenetv2": lambda: T.MobileNetV2Model(T.MobileNetV2Config()),
+}
+TEXT = {"bert", "gpt2"}
+
+
+class FirstOutput(torch.nn.Module):
+    """The model's last hidden state (transformers models return a dataclass of outputs)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs):
+        return self.model(inputs)[0]
+
+
+def onnx_runtime(proto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def run(name: str, args) -> dict:
+    torch.manual_seed(0)
+    module = FirstOutput(MODELS[name]().eval()).eval()
+    if name in TEXT:
+        example = torch.randint(0, module.model.config.vocab_size, (1, args.tokens))
+    else:
+        example = torch.randn(1, 3, args.image_size, args.image_size)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (example,), buffer, opset_version=17, dynamo=False, input_names=["inputs"])
+    proto = onnx.load_from_string(buffer.getvalue())
+    model = load_onnx(proto)
+    start = time.perf_counter()
+    optimized = optimize_program(
+        model.program, model.weights, max_depth=args.max_depth, subprogram_time_limit=args.subprogram_time_limit
+    )
+    optimize_s = time.perf_counter() - start
+    session, x = onnx_runtime(proto), example.numpy()
+    feeds = {model.names["inputs"]: x}
+    compiled = torch.compile(module)
+    functions = {
+        "optimized": lambda: optimized(**feeds),
+        "onnxruntime": lambda: session.run(None, {"inputs": x})[0],
+        "torch_eager": lambda: module(example),
+        "torch_compile": lambda: compiled(example),
+    }
+    with torch.no_grad():
+        want = functions["onnxruntime"]()
+        scale = max(1.0, float(np.abs(want).max()))
+        for label, fn in functions.items():
+            error = float(np.abs(np.asarray(fn()) - want).max()) / scale
+            assert error < 1e-3, f"{name}: {label} disagrees with onnxruntime ({error:.2e})"
+        medians = interleaved(functions, args.rounds)
+    return {
+        "model": name,
+        "input": list(example.shape),
+        "subprograms": len(optimized.subprograms),
+        "kernels": len(optimized.program.kernels),
+        "optimize_s": round(optimize_s, 1),
+        **{f"{k}_ms": round(v * 1e3, 3) for k, v in medians.items()},
+        **{f"vs_{k}": round(medians[k] / medians["optimized"], 2) for k in medians if k != "optimized"},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--max-depth", type=int, default=1)
+    parser.add_argument("--subprogram-time-limit", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--image-size", type=int, default=224)
+    args = parser.parse_args()
+    columns = ("optimize_s", "optimized_ms", "onnxruntime_ms", "torch_eager_ms", "torch_compile_ms")
+    ratios = ("vs_onnxruntime", "vs_torch_eager", "vs_torch_compile")
+    print(f"{'model':<12}" + "".join(f"{c:>18}" for c in columns + ratios))
+    out = ROOT / "bench" / "results" / "models_vs_runtimes.json"
+    for name in args.models.split(","):
+        row = run(name, args)
+        print(f"{name:<12}" + "".join(f"{row[c]:>18}" for c in columns + ratios), flush=True)
+        # Rows of earlier runs (other models) are kept, so models can be measured one run at a time.
+        rows = [r for r in (json.loads(out.read_text()) if out.exists() else []) if r["model"] != name]
+        ordered = sorted(rows + [row], key=lambda r: list(MODELS).index(r["model"]))
+        partial = out.with_suffix(".partial")
+        partial.write_text(json.dumps(ordered, indent=1))
+        partial.replace(out)
+    print(f"wrote {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
