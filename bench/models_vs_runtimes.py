@@ -84,7 +84,11 @@ def run(name: str, args) -> dict:
     model = load_onnx(proto)
     start = time.perf_counter()
     optimized = optimize_program(
-        model.program, model.weights, max_depth=args.max_depth, subprogram_time_limit=args.subprogram_time_limit
+        model.program,
+        model.weights,
+        max_depth=args.max_depth,
+        subprogram_time_limit=args.subprogram_time_limit,
+        on_subprogram=lambda sub, k, n: print(f"  [{k + 1}/{n}] {sub.name}: {sub.state}", file=sys.stderr, flush=True),
     )
     optimize_s = time.perf_counter() - start
     session, x = onnx_runtime(proto), example.numpy()
@@ -108,6 +112,8 @@ def run(name: str, args) -> dict:
         "input": list(example.shape),
         "subprograms": len(optimized.subprograms),
         "kernels": len(optimized.program.kernels),
+        "max_depth": args.max_depth,
+        "subprogram_time_limit": args.subprogram_time_limit,
         "optimize_s": round(optimize_s, 1),
         **{f"{k}_ms": round(v * 1e3, 3) for k, v in medians.items()},
         **{f"vs_{k}": round(medians[k] / medians["optimized"], 2) for k in medians if k != "optimized"},

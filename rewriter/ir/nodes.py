@@ -343,9 +343,18 @@ def accesses(body: Scalar) -> PyIterator[Access]:
 
 
 def tensor_shapes(expr: Scope | Opaque | Program) -> dict[str, tuple[int, ...]]:
-    """Input tensor name -> shape, over nested scopes too; refuses one name with two shapes."""
+    """Input tensor name -> shape, over nested scopes too; refuses one name with two shapes.
+    Computed once per node (nodes are immutable; programs and rules ask often)."""
     if isinstance(expr, Program):
         return expr.inputs
+    cached = expr.__dict__.get("_tensor_shapes")
+    if cached is None:
+        cached = _tensor_shapes(expr)
+        object.__setattr__(expr, "_tensor_shapes", cached)
+    return dict(cached)
+
+
+def _tensor_shapes(expr: Scope | Opaque) -> dict[str, tuple[int, ...]]:
     reads = (
         [{t.name: t.shape} for t in expr.inputs]
         if isinstance(expr, Opaque)

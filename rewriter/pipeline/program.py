@@ -215,34 +215,52 @@ def _reads(expr: Scope) -> set[str]:
 def fuse_elementwise(program: Program) -> Program:
     """Fold producers into their readers with the inter-expression rules (OLLIE 4.1, 5.4) where
     the fusion policy admits it (``rewriter.lower.absorbs``: an element-wise producer into a
-    reader that sums nothing, an unfolding view into any reader). A variant is taken when it
-    has one definition fewer and one edited reader. The eager rules simplify every definition
-    first and after each fusion, so that a view is seen as one (a Slice + Concat unfold merges
-    into one read)."""
+    reader that sums nothing, an unfolding view into any reader). The eager rules simplify every
+    definition first and after each fusion, so that a view is seen as one (a Slice + Concat
+    unfold merges into one read).
+
+    The rules see each candidate pair alone: a producer read by one definition only (and not an
+    output) and its reader, as a two-definition program; a variant of it that leaves the reader
+    alone is the fusion. So a pass costs one rule application per pair, not one whole-program
+    variant per pair (a 12-layer transformer has hundreds of definitions); passes repeat until
+    nothing fuses (a fusion can leave a producer with one reader)."""
     eager = registered("eager")
-    closed = tuple((name, _closed(e, eager) if isinstance(e, Scope) else e) for name, e in program.definitions)
-    program = Program(closed, program.outputs)
+    definitions = {name: _closed(e, eager) if isinstance(e, Scope) else e for name, e in program.definitions}
+    readers: dict[str, list[str]] = {}
+    for name, expr in definitions.items():
+        for tensor in tensor_shapes(expr):
+            readers.setdefault(tensor, []).append(name)
     changed = True
     while changed:
         changed = False
-        before = dict(program.definitions)
-        for rule_ in registered("inter"):
-            for variant in rule_.apply(program):
-                after = dict(variant.definitions)
-                edited = [n for n, e in after.items() if before.get(n) != e]
-                removed = set(before) - set(after)
-                if len(after) != len(before) - 1 or len(edited) != 1 or edited[0] not in before or len(removed) != 1:
-                    continue
-                if not absorbs(before[edited[0]], before[removed.pop()]):
-                    continue
-                closed = _closed(after[edited[0]], eager)
-                definitions = tuple((n, closed if n == edited[0] else e) for n, e in variant.definitions)
-                program = Program(definitions, variant.outputs)
-                changed = True
-                break
-            if changed:
-                break
-    return program
+        for producer in list(definitions):
+            consumers = readers.get(producer, [])
+            if producer in program.outputs or len(consumers) != 1:
+                continue
+            (reader,) = consumers
+            fused = _fused_pair(producer, definitions[producer], reader, definitions[reader], eager)
+            if fused is None:
+                continue
+            for tensor in tensor_shapes(definitions.pop(producer)):
+                readers[tensor] = [n for n in readers[tensor] if n != producer]
+                readers[tensor] += [] if reader in readers[tensor] else [reader]
+            del readers[producer]
+            definitions[reader] = fused
+            changed = True
+    return Program(tuple(definitions.items()), program.outputs)
+
+
+def _fused_pair(producer: str, made: Definition, reader: str, reads: Definition, eager) -> Scope | None:
+    """``reads`` with ``made`` folded in by an inter-expression rule, closed under the eager
+    rules, where the fusion policy admits it; None otherwise."""
+    if not (isinstance(made, Scope) and isinstance(reads, Scope)) or not absorbs(reads, made):
+        return None
+    pair = Program(((producer, made), (reader, reads)), (reader,))
+    for rule_ in registered("inter"):
+        for variant in rule_.apply(pair):
+            if [name for name, _ in variant.definitions] == [reader]:
+                return _closed(variant.definitions[0][1], eager)
+    return None
 
 
 def _closed(expr: Scope, eager) -> Scope:
