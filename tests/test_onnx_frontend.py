@@ -237,6 +237,9 @@ OP_CASES = [
     ("reduce_max_opset18", "ReduceMax", {"x": (2, 3, 4), "axes": i64(-1)}, {}, 18),
     ("squeeze", "Squeeze", {"x": (2, 1, 3, 1), "axes": i64(1, -1)}, {}),
     ("squeeze_all", "Squeeze", {"x": (2, 1, 3, 1)}, {}),
+    ("cumsum", "CumSum", {"x": (2, 5, 3), "axis": i64(1)}, {}),
+    ("cumsum_exclusive_reverse", "CumSum", {"x": (2, 5), "axis": np.int64(-1)}, dict(exclusive=1, reverse=1)),
+    ("gather_elements", "GatherElements", {"x": (3, 4), "i": np.array([[0, 2], [1, -1], [2, 2]])}, dict(axis=0)),
     ("gather_one", "Gather", {"x": (2, 5, 3), "i": np.int64(-2)}, dict(axis=1)),  # a view, the axis dropped
     ("gather_stepping", "Gather", {"x": (7, 3), "i": i64(5, 3, 1)}, {}),  # a view: 5 - 2*i
     ("gather_irregular", "Gather", {"x": (7, 3), "i": np.array([[0, 6], [2, 2]])}, {}),  # opaque, constant indices
@@ -272,6 +275,9 @@ def _graph_cases():
         helper.make_node("Where", ["bool", "f", "x"], ["y"]),
     ]
     cases["Cast"] = graph_model(casts, {"x": (2, 5)}, constants={"three": np.float32(3.0)})
+    nots = [helper.make_node("Greater", ["x", "half"], ["g"]), helper.make_node("Not", ["g"], ["n"])]
+    nots.append(helper.make_node("Where", ["n", "x", "half"], ["y"]))
+    cases["Not"] = graph_model(nots, {"x": (2, 5)}, constants={"half": np.float32(0.5)})
     split = helper.make_node("Split", ["x", "sizes"], ["y0", "y1", "y2"], axis=1)
     cases["Split"] = graph_model([split], {"x": (2, 7, 3)}, ("y0", "y1", "y2"), constants={"sizes": i64(2, 4, 1)})
     return cases

@@ -2,8 +2,9 @@
 downloads), exported as users export them (``torch.onnx.export``; ``torch.export``), imported,
 optimized end to end and compared with onnxruntime and with the module itself.
 
-The text models (BERT, GPT-2) take integer token ids: their token embedding is an opaque gather
-(indices known only at run time) and the rest of the model is derived around it.
+The text models (BERT, GPT-2, RoBERTa) take integer token ids: their token embedding is an
+opaque gather (indices known only at run time) and the rest of the model is derived around it.
+wav2vec2 reads a raw waveform (1-D convolutions, group norm).
 """
 
 import io
@@ -71,8 +72,32 @@ CONFIGS = {
     "gpt2": lambda: T.GPT2Model(
         T.GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=0)
     ),
+    "roberta": lambda: T.RobertaModel(
+        T.RobertaConfig(
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        ),
+        add_pooling_layer=False,
+    ),  # its position ids come from the token ids at run time: cumsum, masks, a gather
+    "wav2vec2": lambda: T.Wav2Vec2Model(
+        T.Wav2Vec2Config(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            conv_dim=(16, 16),
+            conv_stride=(5, 2),
+            conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=2,
+        )
+    ),  # 1-D convolutions and a group norm over raw audio
 }
-TEXT = {"bert", "gpt2"}  # they read token ids; the others an image
+TEXT = {"bert", "gpt2", "roberta"}  # they read token ids, wav2vec2 a waveform, the others an image
 
 
 class FirstOutput(torch.nn.Module):
@@ -88,7 +113,10 @@ class FirstOutput(torch.nn.Module):
 
 def built(name):
     torch.manual_seed(0)
-    example = torch.randint(0, 100, (1, 8)) if name in TEXT else torch.randn(1, 3, 32, 32)
+    if name in TEXT:
+        example = torch.randint(0, 100, (1, 8))
+    else:
+        example = torch.randn(1, 400) if name == "wav2vec2" else torch.randn(1, 3, 32, 32)
     return FirstOutput(CONFIGS[name]().eval()).eval(), example
 
 

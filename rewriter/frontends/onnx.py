@@ -57,6 +57,7 @@ from rewriter.ir.builders import (
     conv1d,
     conv2d,
     conv_transpose2d,
+    cumsum,
     erf,
     exp,
     floor,
@@ -769,6 +770,22 @@ def _gather(node: _Node) -> Scope | Opaque:
     return gather(node.tensor(0), chosen, node.attr("axis", 0), lambda values: node.weight("indices", values))
 
 
+def _gather_elements(node: _Node) -> Opaque:
+    """GatherElements: an opaque gather_elements (constant indices become a weight)."""
+    index, x = node.const(1), node.tensor(0)
+    indices = node.tensor(1) if index is None else node.weight("indices", index.astype(np.float32))
+    return Opaque("gather_elements", (x, indices), (("axis", node.attr("axis", 0) % x.rank),))
+
+
+def _cumsum(node: _Node) -> Scope:
+    (axis,) = node.ints("axis", 1)
+    return cumsum(node.tensor(0), axis, bool(node.attr("exclusive", 0)), bool(node.attr("reverse", 0)))
+
+
+def _not(node: _Node) -> Scope:
+    return elementwise(node.tensor(0), lambda read: 1.0 - read)
+
+
 def _variadic(op: str):
     """Min / Max over any number of inputs, with broadcasting: a chain of binary ``op``."""
 
@@ -1209,6 +1226,9 @@ SUPPORTED_OPS: dict[str, _Op] = {
         "keep_aspect_ratio_policy",
     ),
     "Gather": _op(_gather, "axis"),
+    "GatherElements": _op(_gather_elements, "axis"),
+    "CumSum": _op(_cumsum, "exclusive", "reverse"),
+    "Not": _op(_not),
     "Split": _op(_split, "axis", "split", "num_outputs", outputs=True),
     "Unsqueeze": _op(_squeeze, "axes"),
     "Expand": _op(_expand),

@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rewriter.ir import Binary, ExpressionError, Lit, Opaque, Program, Scope, Tensor, Unary, Var, smax
+from rewriter.ir import Binary, ExpressionError, Lit, Num, Opaque, Program, Scope, Tensor, Unary, Var, smax
 from rewriter.ir.builders import (
     absolute,
     add,
@@ -48,6 +48,7 @@ from rewriter.ir.builders import (
     conv1d,
     conv2d,
     conv_transpose2d,
+    cumsum,
     erf,
     exp,
     floor,
@@ -249,7 +250,7 @@ class _Build:
             raise TorchImportError(f"{_op_key(fx)} node {fx.name!r}: folding it at build time fails: {err}") from None
 
     def define(self, node: "_Node") -> None:
-        if 0 in node.shape:  # empty: only a cat reads it, and leaves it out
+        if 0 in getattr(node.fx.meta.get("val"), "shape", ()):  # empty: only a cat reads it, and leaves it out
             self.empty.add(node.name)
             return
         try:
@@ -258,7 +259,7 @@ class _Build:
             raise
         except ExpressionError as err:
             raise node.error(str(err)) from None
-        if result is None:  # a split: its parts are defined where they are read
+        if result is None:  # a split (its parts are defined where they are read), a check
             return
         if isinstance(result, Tensor):  # a no-op, a folded batch norm, output 0 of a tuple
             self.values[node.name] = result
@@ -548,6 +549,57 @@ def _clamp(node: _Node) -> Scope:
     return clip(node.tensor(0), None if low is None else float(low), None if high is None else float(high))
 
 
+def _not_equal(node: _Node) -> Scope:
+    """``ne``: ``1 - (a == b)`` (a 0/1 mask)."""
+    return elementwise(_compare("equal")(node), lambda read: 1.0 - read)
+
+
+def _to_copy(node: _Node) -> Tensor | Scope:
+    """``_to_copy(x, dtype=...)`` (``.to``, ``.type_as``): data are float here, so to a float
+    type it is the value, to bool ``x != 0``, to an integer type truncation toward 0."""
+    dtype, x = node.fx.kwargs.get("dtype"), node.tensor(0)
+    if dtype is None or dtype.is_floating_point:
+        return x
+    if str(dtype) == "torch.bool":
+        return elementwise(x, lambda read: 1.0 - Binary("equal", read, Num(0.0)))
+    return where(compare("greater_equal", x, 0.0), floor(x), ceil(x))
+
+
+def _flip(node: _Node) -> Scope:
+    """``flip(x, dims)``: a view reading each flipped axis from its end."""
+    x = node.tensor(0)
+    flipped = {d % x.rank for d in node.arg(1)}
+    its = iterators(x.shape)
+    return Scope(
+        its,
+        (),
+        x[tuple(size - 1 - it.var if k in flipped else it.var for k, (it, size) in enumerate(zip(its, x.shape)))],
+    )
+
+
+def _remainder(node: _Node) -> Scope:
+    """``remainder(a, b)``: ``a - floor(a / b) * b`` (Python's sign convention, as torch's)."""
+    a, b = _operand(node, 0, 1), _operand(node, 1, 0)
+    return binary("-", a, binary("*", floor(binary("/", a, b)), b))
+
+
+def _cumsum(node: _Node) -> Scope:
+    return cumsum(node.tensor(0), node.arg(1))
+
+
+def _gather_elements(node: _Node) -> Opaque:
+    """``gather(x, dim, index)``: an opaque gather_elements (constant indices become a weight)."""
+    index = node.const(2)
+    indices = node.tensor(2) if index is None else node.weight("indices", index.astype(np.float32))
+    x, dim = node.tensor(0), node.arg(1) % node.tensor(0).rank
+    return Opaque("gather_elements", (x, indices), (("axis", dim),))
+
+
+def _no_op(node: _Node) -> None:
+    """``_assert_tensor_metadata``: a check torch's export leaves in; shapes are static here."""
+    return None
+
+
 def _logical_not(node: _Node) -> Scope:
     """``not x`` on a mask (0/1 data): ``1 - x``."""
     return elementwise(node.tensor(0), lambda read: 1.0 - read)
@@ -783,6 +835,15 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
     "aten.where.self": _where,
     "aten.mul.Scalar": _binary("*"),
     "aten.logical_not.default": _logical_not,
+    "aten.ne.Scalar": _not_equal,
+    "aten.ne.Tensor": _not_equal,
+    "aten._to_copy.default": _to_copy,
+    "aten._assert_tensor_metadata.default": _no_op,
+    "aten.cumsum.default": _cumsum,
+    "aten.flip.default": _flip,
+    "aten.remainder.Scalar": _remainder,
+    "aten.remainder.Tensor": _remainder,
+    "aten.gather.default": _gather_elements,
     "aten.any.dim": _any,
     "aten.clamp.default": _clamp,
     "aten.full_like.default": _full_like,

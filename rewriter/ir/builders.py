@@ -71,6 +71,7 @@ __all__ = [
     "where",
     "clip",
     "reduce_sum",
+    "cumsum",
     "reduce_max",
     "reduce_mean",
     "softmax",
@@ -792,6 +793,24 @@ def reduce_sum(x: Operand, axes=None, keepdims: bool = False) -> Scope:
     """
     (x,) = _operands(("x", x, "A"))
     return _reduce(x, _axes(axes, x.rank), keepdims, "sum")
+
+
+@_builder("cumsum")
+def cumsum(x: Operand, axis: int, exclusive: bool = False, reverse: bool = False) -> Scope:
+    """Running sum along ``axis`` (ONNX CumSum, torch's cumsum), default name A: a sum over the
+    distance ``d`` back along the axis, reads before its start being 0::
+
+        cumsum((2, 5), 1)  ->  L i0:2, i1:5 ; S d:5 ; A[i0, i1-d]
+
+    ``exclusive`` leaves the element itself out (``A[i0, i1-d-1]``), ``reverse`` runs from the
+    end (``A[i0, i1+d]``).
+    """
+    (x,) = _operands(("x", x, "A"))
+    (axis,) = _axes(axis, x.rank)
+    names = [f"i{k}" for k in range(x.rank)]
+    step = _linear((1, Var(names[axis])), (-1 if not reverse else 1, Var("d")), (1 if reverse else -1) * int(exclusive))
+    read = x.read(*(step if k == axis else names[k] for k in range(x.rank)))
+    return Scope(_its(*zip(names, x.shape)), _its(("d", x.shape[axis])), read)
 
 
 @_builder("reduce_max")

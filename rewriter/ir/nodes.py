@@ -389,8 +389,19 @@ def _gather_shape(data: Tensor, indices: Tensor, axis: int) -> tuple[int, ...]:
     return data.shape[:axis] + indices.shape + data.shape[axis + 1 :]
 
 
+def _gather_elements_shape(data: Tensor, indices: Tensor, axis: int) -> tuple[int, ...]:
+    if indices.rank != data.rank:
+        raise ExpressionError(
+            f"gather_elements: indices {indices.name} must have the rank of {data.name} ({data.rank})"
+        )
+    return indices.shape
+
+
 # op -> (its input roles, its integer attributes, its output shape from inputs and attributes)
-OPAQUE_OPS = {"gather": (("data", "indices"), ("axis",), _gather_shape)}
+OPAQUE_OPS = {
+    "gather": (("data", "indices"), ("axis",), _gather_shape),
+    "gather_elements": (("data", "indices"), ("axis",), _gather_elements_shape),
+}
 
 
 @dataclass(frozen=True)
@@ -398,8 +409,10 @@ class Opaque:
     """``op(inputs; attributes)``: a program definition the scope language cannot express,
     computed by a library (``rewriter.semantics.run_opaque``). ``gather(W, ids; axis=0)`` reads
     ``W`` at the integer-valued entries of ``ids`` along ``axis`` (ONNX Gather: negative indices
-    count from the end), where ``ids`` is known only at run time (token embeddings). The
-    optimizer derives the scopes around it; it runs as written."""
+    count from the end), where ``ids`` is known only at run time (token embeddings);
+    ``gather_elements(X, I; axis=1)`` reads ``X`` at ``I``'s entries along ``axis`` and at I's own
+    position along the other axes (ONNX GatherElements, torch's gather). The optimizer derives
+    the scopes around it; it runs as written."""
 
     __hash__ = cached_hash
 

@@ -10,27 +10,45 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from rewriter.ir import Definition, ExpressionError, Opaque, tensor_shapes
+from rewriter.ir import OPAQUE_OPS, Definition, ExpressionError, Opaque, tensor_shapes
 
 
-def _gather(op: Opaque, data: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """ONNX Gather: ``data`` at the entries of ``indices`` along ``axis`` (integer-valued float
-    data: negative entries count from the end)."""
-    axis, name, size = op.attribute("axis"), op.inputs[1].name, data.shape[op.attribute("axis")]
+def _positions(op: Opaque, indices: np.ndarray, size: int) -> np.ndarray:
+    """Integer-valued float indices as int64 in [0, size) (negative ones count from the end)."""
+    axis, name = op.attribute("axis"), op.inputs[1].name
     whole = np.rint(indices)
     if not np.array_equal(whole, indices):
-        raise ExpressionError(f"gather: indices {name} hold a value that is not an integer")
+        raise ExpressionError(f"{op.op}: indices {name} hold a value that is not an integer")
     outside = (whole < -size) | (whole >= size)
     if outside.any():
         raise ExpressionError(
-            f"gather: index {int(whole[outside].flat[0])} in {name} is out of range for axis {axis} of "
+            f"{op.op}: index {int(whole[outside].flat[0])} in {name} is out of range for axis {axis} of "
             f"{op.inputs[0].name} (size {size})"
         )
-    return np.take(data, whole.astype(np.int64) % size, axis=axis)
+    return whole.astype(np.int64) % size
+
+
+def _gather(op: Opaque, data: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """ONNX Gather: ``data`` at the entries of ``indices`` along ``axis``."""
+    axis = op.attribute("axis")
+    return np.take(data, _positions(op, indices, data.shape[axis]), axis=axis)
+
+
+def _gather_elements(op: Opaque, data: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """ONNX GatherElements: ``data`` at ``indices`` along ``axis``, at their own positions along
+    the others (an indices axis may be shorter than data's)."""
+    axis = op.attribute("axis")
+    positions = _positions(op, indices, data.shape[axis])
+    if any(i > d for k, (i, d) in enumerate(zip(indices.shape, data.shape)) if k != axis):
+        raise ExpressionError(
+            f"{op.op}: indices {op.inputs[1].name} are larger than {op.inputs[0].name} off axis {axis}"
+        )
+    view = data[tuple(slice(0, n) if k != axis else slice(None) for k, n in enumerate(indices.shape))]
+    return np.take_along_axis(view, positions, axis=axis)
 
 
 # opaque operation -> (the operation, its inputs' values in order) -> its value
-OPAQUE = {"gather": _gather}
+OPAQUE = {"gather": _gather, "gather_elements": _gather_elements}
 
 
 def run_opaque(op: Opaque, values: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -49,7 +67,7 @@ def sample_inputs(
     bounds: dict[str, int] = {}
     for name, expr in definitions:
         sources[name] = set().union(*(sources.get(t, {t}) for t in tensor_shapes(expr)))
-        if isinstance(expr, Opaque) and expr.op == "gather":
+        if isinstance(expr, Opaque) and OPAQUE_OPS[expr.op][0] == ("data", "indices"):
             size = expr.inputs[0].shape[expr.attribute("axis")]
             for source in sources.get(expr.inputs[1].name, {expr.inputs[1].name}):
                 bounds[source] = min(bounds.get(source, size), size)
