@@ -92,3 +92,14 @@ def test_an_optimized_program_runs_it_as_a_library_step_and_reloads(tmp_path):
     np.testing.assert_allclose(optimized(ids=ids), want, rtol=1e-5, atol=1e-6)
     optimized.save(tmp_path / "saved")
     np.testing.assert_allclose(load_optimized(tmp_path / "saved")(ids=ids), want, rtol=1e-5, atol=1e-6)
+
+
+def test_gather_elements_reads_along_its_axis_at_the_indices_own_positions():
+    gather = parse_program("Y = gather_elements(X, I; axis=1)\nreturn Y", {"X": (3, 5), "I": (2, 4)})
+    x, i = np.arange(15.0).reshape(3, 5), np.array([[0, 4, -1, 2], [1, 1, 3, 0]])
+    np.testing.assert_array_equal(evaluate(gather, {"X": x, "I": i}), np.take_along_axis(x[:2], i % 5, axis=1))
+    with pytest.raises(ExpressionError, match="gather_elements: index 5 in I is out of range for axis 1 of X"):
+        evaluate(gather, {"X": x, "I": i + 1})
+    with pytest.raises(ExpressionError, match="indices I must have the rank of X"):
+        parse_program("Y = gather_elements(X, I; axis=0)", {"X": (3, 5), "I": (4,)})
+    assert np.all(sample_inputs(gather.definitions, {"I": (2, 4)})["I"] < 5)
