@@ -23,8 +23,9 @@ listed in one ``TorchImportError`` (with FX node names) before anything else is 
 refusal (a 3-D convolution, ``ceil_mode=True``) names the node.
 
 The backend translates each graph dynamo gives it the same way (its parameters are graph inputs,
-read at every call, so nothing is folded into them) and runs the program with the reference
-semantics. A graph it cannot translate runs as it came, with a warning that says why.
+read at every call, so nothing is folded into them), optimizes it (``optimize_program``) and runs
+the compiled program. A graph it cannot translate (dynamic shapes: pass ``dynamic=False``) runs
+as it came, with a warning that says why.
 """
 
 from __future__ import annotations
