@@ -26,6 +26,7 @@ from rewriter.frontends.torch import from_torch, register  # noqa: E402
 from rewriter.pipeline import optimize_program  # noqa: E402
 
 T = transformers
+ENCODER = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)  # tiny layers
 CONFIGS = {
     "convnext": lambda: T.ConvNextModel(
         T.ConvNextConfig(num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=32)
@@ -34,17 +35,7 @@ CONFIGS = {
         T.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
     ),
     "mobilenetv2": lambda: T.MobileNetV2Model(T.MobileNetV2Config(image_size=32, depth_multiplier=0.25)),
-    "vit": lambda: T.ViTModel(
-        T.ViTConfig(
-            image_size=32,
-            patch_size=8,
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=64,
-        ),
-        add_pooling_layer=False,
-    ),
+    "vit": lambda: T.ViTModel(T.ViTConfig(**ENCODER, image_size=32, patch_size=8), add_pooling_layer=False),
     "segformer": lambda: T.SegformerModel(
         T.SegformerConfig(
             num_encoder_blocks=2,
@@ -59,36 +50,18 @@ CONFIGS = {
         )
     ),  # fmt: skip
     "bert": lambda: T.BertModel(
-        T.BertConfig(
-            vocab_size=100,
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=64,
-        ),
-        add_pooling_layer=False,
+        T.BertConfig(**ENCODER, vocab_size=100, max_position_embeddings=64), add_pooling_layer=False
     ),
     "gpt2": lambda: T.GPT2Model(
         T.GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=0)
     ),
+    # its position ids come from the token ids at run time: cumsum, masks, a gather
     "roberta": lambda: T.RobertaModel(
-        T.RobertaConfig(
-            vocab_size=100,
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=64,
-        ),
-        add_pooling_layer=False,
-    ),  # its position ids come from the token ids at run time: cumsum, masks, a gather
+        T.RobertaConfig(**ENCODER, vocab_size=100, max_position_embeddings=64), add_pooling_layer=False
+    ),
     "wav2vec2": lambda: T.Wav2Vec2Model(
         T.Wav2Vec2Config(
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=64,
+            **ENCODER,
             conv_dim=(16, 16),
             conv_stride=(5, 2),
             conv_kernel=(10, 3),
