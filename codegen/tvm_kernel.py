@@ -845,14 +845,15 @@ def candidate_schedules(scope: Scope, limit: int = 8) -> list[Schedule]:
 # float32 exp, tanh and erf as arithmetic: TVM lowers its own to one libm call per element
 # (measured here: exp 3.4 ns, erf 10 ns per element, against 0.3 ns for a polynomial), which
 # no loop vectorizes. These agree with libm to about 1e-7 relative; exp gives float32's largest
-# value, not infinity, above ln(FLT_MAX) and 0 below -87.3.
+# value, not infinity, above ln(FLT_MAX), and about FLT_MIN below -87.3.
 
 
-def _bound(x: tvm.tirx.PrimExpr, fn) -> tvm.tirx.PrimExpr:
-    """``fn(x)`` with x computed once (a Let), since the formulas read it several times."""
+def _bound(x: tvm.tirx.PrimExpr, fn, name: str = "v") -> tvm.tirx.PrimExpr:
+    """``fn(x)`` with x computed once (a Let named ``name``): the formulas read their values
+    several times, and a tree would repeat them in the kernel text."""
     if isinstance(x, (tvm.tirx.Var, tvm.tirx.FloatImm)):
         return fn(x)
-    value = tvm.tirx.Var("v", "float32")
+    value = tvm.tirx.Var(name, "float32")
     return tvm.tirx.Let(value, x, fn(value))
 
 
@@ -871,13 +872,22 @@ def _horner(x: tvm.tirx.PrimExpr, coefficients) -> tvm.tirx.PrimExpr:
 def _fast_exp(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
     """exp(x) = 2**n exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 in two
     parts, so r is exact), exp(r) by its Taylor polynomial to r**7 (error below 2e-8), 2**n made
-    in the exponent bits (as 2 * 2**(n-1): n reaches 128 at the top of the range)."""
-    x = tvm.tirx.min(tvm.tirx.max(x, _f(-87.3)), _f(88.72))
-    n = tvm.tirx.floor(x * _f(1.4426950408889634) + _f(0.5))
-    r = x - n * _f(0.693359375) + n * _f(2.12194440e-4)
-    poly = _horner(r, (1 / 5040, 1 / 720, 1 / 120, 1 / 24, 1 / 6, 0.5, 1.0, 1.0))
-    bits = (n.astype("int32") + tvm.tirx.const(126, "int32")) << tvm.tirx.const(23, "int32")
-    return poly * _f(2.0) * tvm.tirx.reinterpret("float32", bits)
+    in the exponent bits (n runs from -126 to 128, where it is 2 * 2**127)."""
+
+    def scaled(c, n):
+        def power(r):
+            top = tvm.tirx.min(n, _f(127.0))  # 2**128 is 2 * 2**127
+            bits = (top.astype("int32") + tvm.tirx.const(127, "int32")) << tvm.tirx.const(23, "int32")
+            poly = _horner(r, (1 / 5040, 1 / 720, 1 / 120, 1 / 24, 1 / 6, 0.5, 1.0, 1.0))
+            twice = tvm.tirx.Select(n > _f(127.0), _f(2.0), _f(1.0))
+            return poly * twice * tvm.tirx.reinterpret("float32", bits)
+
+        return _bound(c - n * _f(0.693359375) + n * _f(2.12194440e-4), power, "r")
+
+    def reduced(c):
+        return _bound(tvm.tirx.floor(c * _f(1.4426950408889634) + _f(0.5)), lambda n: scaled(c, n), "n")
+
+    return _bound(tvm.tirx.min(tvm.tirx.max(x, _f(-87.3)), _f(88.72)), reduced, "c")
 
 
 def _odd(x: tvm.tirx.PrimExpr, coefficients) -> tvm.tirx.PrimExpr:
@@ -885,25 +895,32 @@ def _odd(x: tvm.tirx.PrimExpr, coefficients) -> tvm.tirx.PrimExpr:
     return x * _horner(x * x, coefficients)
 
 
+def _signed(x: tvm.tirx.PrimExpr, magnitude: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
+    """``magnitude`` with the sign of x (for the odd functions)."""
+    return _bound(magnitude, lambda m: tvm.tirx.Select(x < _f(0.0), -m, m), "m")
+
+
 def _fast_tanh(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
     """tanh(x) = sign(x) (1 - t) / (1 + t), t = exp(-2|x|); below |x| = 0.3, where 1 - t
     cancels, its Taylor series to x**9."""
-    t = _fast_exp(_f(-2.0) * tvm.tirx.abs(x))
-    magnitude = (_f(1.0) - t) / (_f(1.0) + t)
-    large = tvm.tirx.Select(x < _f(0.0), -magnitude, magnitude)
+    large = _bound(_fast_exp(_f(-2.0) * tvm.tirx.abs(x)), lambda t: (_f(1.0) - t) / (_f(1.0) + t), "t")
     small = _odd(x, (62 / 2835, -17 / 315, 2 / 15, -1 / 3, 1.0))
-    return tvm.tirx.Select(tvm.tirx.abs(x) < _f(0.3), small, large)
+    return tvm.tirx.Select(tvm.tirx.abs(x) < _f(0.3), small, _signed(x, large))
 
 
 def _fast_erf(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
     """erf(x) by Abramowitz and Stegun 7.1.26 (absolute error below 1.5e-7):
     sign(x) (1 - (a1 t + ... + a5 t**5) exp(-x**2)), t = 1 / (1 + p|x|); below |x| = 0.5, for
     relative accuracy, its Taylor series to x**11."""
-    a = tvm.tirx.abs(x)
-    t = _f(1.0) / (_f(1.0) + _f(0.3275911) * a)
-    poly = _horner(t, (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592, 0.0))
-    magnitude = _f(1.0) - poly * _fast_exp(-a * a)
-    large = tvm.tirx.Select(x < _f(0.0), -magnitude, magnitude)
-    scale = 2 / math.sqrt(math.pi)
-    small = _odd(x, tuple(scale * c for c in (-1 / 1320, 1 / 216, -1 / 42, 1 / 10, -1 / 3, 1.0)))
-    return tvm.tirx.Select(a < _f(0.5), small, large)
+
+    def erf_abs(a):
+        t = _f(1.0) / (_f(1.0) + _f(0.3275911) * a)
+        poly = _bound(
+            t, lambda u: _horner(u, (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592, 0.0)), "t"
+        )
+        large = _signed(x, _f(1.0) - poly * _fast_exp(-a * a))
+        scale = 2 / math.sqrt(math.pi)
+        small = _odd(x, tuple(scale * c for c in (-1 / 1320, 1 / 216, -1 / 42, 1 / 10, -1 / 3, 1.0)))
+        return tvm.tirx.Select(a < _f(0.5), small, large)
+
+    return _bound(tvm.tirx.abs(x), erf_abs, "a")

@@ -408,7 +408,7 @@ def test_batch_norm_is_not_folded_when_the_convolution_is_read_elsewhere():
 
 def test_unsupported_ops_are_listed_together_before_anything_else():
     nodes = [
-        helper.make_node("GatherElements", ["x", "idx"], ["g"], name="gather_1"),
+        helper.make_node("ScatterElements", ["x", "idx", "x"], ["g"], name="scatter_1"),
         helper.make_node("Relu", ["g"], ["r"], name="relu_1"),
         helper.make_node("NonZero", ["r"], ["e"]),
         helper.make_node("Fancy", ["e"], ["y"], name="custom", domain="com.example"),
@@ -417,8 +417,8 @@ def test_unsupported_ops_are_listed_together_before_anything_else():
     with pytest.raises(OnnxImportError) as info:
         load_onnx(model)
     message = str(info.value)
-    assert "3 node(s) with unsupported operators (GatherElements, NonZero, com.example.Fancy)" in message
-    for part in ("GatherElements node 'gather_1'", "NonZero node #2 (output 'e')", "com.example.Fancy node 'custom'"):
+    assert "3 node(s) with unsupported operators (NonZero, ScatterElements, com.example.Fancy)" in message
+    for part in ("ScatterElements node 'scatter_1'", "NonZero node #2 (output 'e')", "com.example.Fancy node 'custom'"):
         assert part in message
     assert "relu_1" not in message and "dynamic" not in message
     assert isinstance(info.value, ValueError)
