@@ -32,11 +32,6 @@ from .pipeline import derive, load_optimized, optimize_program
 from .semantics import evaluate, sample_inputs
 
 
-def _random_inputs(shapes: dict, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
-
-
 def cmd_cases(args, console: Console) -> int:
     if args.show and args.show not in CASES:
         raise ExpressionError(f"unknown case {args.show!r}; known: {', '.join(CASES)}")
@@ -47,7 +42,7 @@ def cmd_cases(args, console: Console) -> int:
         shapes = case.shapes
         expr = parse(case.text, shapes)
         round_trip = str(expr) == case.text and parse(str(expr), shapes) == expr
-        inputs = _random_inputs(shapes)
+        inputs = sample_inputs((), shapes)
         start = time.perf_counter()
         out = evaluate(expr, inputs)
         elapsed = (time.perf_counter() - start) * 1e3
@@ -63,7 +58,7 @@ def cmd_cases(args, console: Console) -> int:
 
 def _show(case, console: Console) -> None:
     expr = case.expression()
-    out = evaluate(expr, _random_inputs(case.shapes))
+    out = evaluate(expr, sample_inputs((), case.shapes))
     console.print(f"\n[bold]{case.name}[/bold]: {case.source}")
     console.print(f"  expression  {expr}", markup=False, highlight=False, soft_wrap=True)
     for name, shape in tensor_shapes(expr).items():
@@ -85,7 +80,7 @@ def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
 def cmd_eval(args, console: Console) -> int:
     shapes = dict(_parse_shape(s) for s in args.shape)
     expr = parse(args.expression, shapes)
-    inputs = _random_inputs(shapes, args.seed)
+    inputs = sample_inputs((), shapes, args.seed)
     for item in args.input:
         name, _, path = item.partition("=")
         inputs[name] = np.load(path)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from rewriter import evaluate, parse_program
-from rewriter.ir import ExpressionError, Opaque, Program, Tensor, rename_tensors
+from rewriter.ir import OPAQUE_OPS, ExpressionError, Opaque, Program, Tensor, rename_tensors
 from rewriter.pipeline import load_optimized, optimize_program
 from rewriter.search import registered
-from rewriter.semantics import sample_inputs
+from rewriter.semantics import OPAQUE, sample_inputs
 
 SHAPES = {"W": (10, 4), "ids": (2, 3), "B": (4, 5)}
 TEXT = """E = gather(W, ids; axis=0)
@@ -103,3 +103,7 @@ def test_gather_elements_reads_along_its_axis_at_the_indices_own_positions():
     with pytest.raises(ExpressionError, match="indices I must have the rank of X"):
         parse_program("Y = gather_elements(X, I; axis=0)", {"X": (3, 5), "I": (4,)})
     assert np.all(sample_inputs(gather.definitions, {"I": (2, 4)})["I"] < 5)
+
+
+def test_every_opaque_operation_has_a_numpy_function():
+    assert set(OPAQUE) == set(OPAQUE_OPS)

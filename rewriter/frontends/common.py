@@ -19,15 +19,18 @@ from rewriter.ir import (
     BINARY_FUNCTIONS,
     KEYWORDS,
     UNARY_FUNCTIONS,
+    Binary,
     ExpressionError,
     Iterator,
     Lit,
+    Num,
     Opaque,
     Program,
     Scope,
     Tensor,
     Var,
 )
+from rewriter.ir.builders import ceil, compare, floor, where
 from rewriter.semantics import evaluate
 
 
@@ -180,6 +183,26 @@ def with_extent(scope: Scope, shape: Sequence[int]) -> Scope:
     return scope.with_traversal(Iterator(it.name, 0, size) for it, size in zip(scope.traversal, shape))
 
 
+def gather_elements(
+    data: Tensor, indices: Tensor | np.ndarray, axis: int, constant: Callable[[np.ndarray], Tensor]
+) -> Opaque:
+    """ONNX GatherElements, torch's gather: an opaque gather_elements (constant indices made a
+    weight by ``constant``)."""
+    if not isinstance(indices, Tensor):
+        indices = constant(np.asarray(indices).astype(np.float32))
+    return Opaque("gather_elements", (data, indices), (("axis", axis % data.rank),))
+
+
+def cast(source: Tensor, kind: str) -> Scope:
+    """A cast of float data: to "bool" ``x != 0`` (a 0/1 mask), to "integer" truncation toward
+    0 (where a float value loses its fraction)."""
+    if kind == "bool":
+        return elementwise(source, lambda read: 1.0 - Binary("equal", read, Num(0.0)))
+    if kind == "integer":
+        return where(compare("greater_equal", source, 0.0), floor(source), ceil(source))
+    raise ExpressionError(f"cast to {kind!r}: only bool and integer casts change float data")
+
+
 def gather(
     data: Tensor, indices: Tensor | np.ndarray, axis: int, constant: Callable[[np.ndarray], Tensor]
 ) -> Scope | Opaque:
@@ -255,7 +278,7 @@ def resize_weights(
 def _floor_form(matrix: np.ndarray) -> tuple[int, int, int] | None:
     """(a, b, d) where the matrix reads input ``(a*o + b) / d`` (floor division) at output o
     alone, with a/d the size ratio: nearest resizing at a rational scale is a view."""
-    if not np.array_equal(np.count_nonzero(matrix, axis=1), np.ones(len(matrix))) or not (matrix.max() == 1):
+    if np.any(np.count_nonzero(matrix, axis=1) != 1) or matrix.max() != 1:  # one 1 per row
         return None
     read = matrix.argmax(axis=1)
     size_out, size_in = matrix.shape

@@ -33,7 +33,6 @@ import numpy as np
 
 from rewriter.index import affine_index
 from rewriter.ir import (
-    Binary,
     ExpressionError,
     Index,
     Iterator,
@@ -85,10 +84,12 @@ from .common import (
     Names,
     batch_norm_affine,
     broadcast_to,
+    cast,
     elementwise,
     fold_batch_norm,
     fresh,
     gather,
+    gather_elements,
     iterators,
     resize,
     resize_weights,
@@ -771,10 +772,9 @@ def _gather(node: _Node) -> Scope | Opaque:
 
 
 def _gather_elements(node: _Node) -> Opaque:
-    """GatherElements: an opaque gather_elements (constant indices become a weight)."""
-    index, x = node.const(1), node.tensor(0)
-    indices = node.tensor(1) if index is None else node.weight("indices", index.astype(np.float32))
-    return Opaque("gather_elements", (x, indices), (("axis", node.attr("axis", 0) % x.rank),))
+    index = node.const(1)
+    chosen = node.tensor(1) if index is None else index
+    return gather_elements(node.tensor(0), chosen, node.attr("axis", 0), lambda values: node.weight("indices", values))
 
 
 def _cumsum(node: _Node) -> Scope:
@@ -843,16 +843,12 @@ def _neg(node: _Node) -> Scope:
 
 
 def _cast(node: _Node) -> Scope:
-    """To a float type: the value; to bool: ``x != 0``; to an integer type: truncation (data
-    are float here, so an integer cast is where a float value loses its fraction)."""
+    """To a float type: the value; to bool or an integer type: ``cast``."""
     to = node.attr("to")
     if to in _FLOAT_TYPES:
         return _identity(node)
-    x = node.tensor(0)
-    if to == 9:  # BOOL
-        return elementwise(x, lambda read: 1.0 - Binary("equal", read, 0.0))
-    if to in _INTEGER_TYPES:
-        return where(compare("greater_equal", x, 0.0), floor(x), ceil(x))
+    if to == 9 or to in _INTEGER_TYPES:  # 9: BOOL
+        return cast(node.tensor(0), "bool" if to == 9 else "integer")
     raise node.error(f"Cast to ONNX type {to} is not supported")
 
 

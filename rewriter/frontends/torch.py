@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rewriter.ir import Binary, ExpressionError, Lit, Num, Opaque, Program, Scope, Tensor, Unary, Var, smax
+from rewriter.ir import ExpressionError, Lit, Opaque, Program, Scope, Tensor, Unary, Var, smax
 from rewriter.ir.builders import (
     absolute,
     add,
@@ -79,9 +79,11 @@ from .common import (
     Names,
     batch_norm_affine,
     broadcast_to,
+    cast,
     elementwise,
     fold_batch_norm,
     gather,
+    gather_elements,
     iterators,
     resize,
     resize_weights,
@@ -557,13 +559,11 @@ def _not_equal(node: _Node) -> Scope:
 
 def _to_copy(node: _Node) -> Tensor | Scope:
     """``_to_copy(x, dtype=...)`` (``.to``, ``.type_as``): data are float here, so to a float
-    type it is the value, to bool ``x != 0``, to an integer type truncation toward 0."""
+    type it is the value, to bool or an integer type ``cast``."""
     dtype, x = node.fx.kwargs.get("dtype"), node.tensor(0)
     if dtype is None or dtype.is_floating_point:
         return x
-    if str(dtype) == "torch.bool":
-        return elementwise(x, lambda read: 1.0 - Binary("equal", read, Num(0.0)))
-    return where(compare("greater_equal", x, 0.0), floor(x), ceil(x))
+    return cast(x, "bool" if str(dtype) == "torch.bool" else "integer")
 
 
 def _flip(node: _Node) -> Scope:
@@ -589,11 +589,10 @@ def _cumsum(node: _Node) -> Scope:
 
 
 def _gather_elements(node: _Node) -> Opaque:
-    """``gather(x, dim, index)``: an opaque gather_elements (constant indices become a weight)."""
+    """``gather(x, dim, index)``."""
     index = node.const(2)
-    indices = node.tensor(2) if index is None else node.weight("indices", index.astype(np.float32))
-    x, dim = node.tensor(0), node.arg(1) % node.tensor(0).rank
-    return Opaque("gather_elements", (x, indices), (("axis", dim),))
+    chosen = node.tensor(2) if index is None else index
+    return gather_elements(node.tensor(0), chosen, node.arg(1), lambda values: node.weight("indices", values))
 
 
 def _no_op(node: _Node) -> None:
@@ -608,8 +607,7 @@ def _logical_not(node: _Node) -> Scope:
 
 def _any(node: _Node) -> Scope:
     """``any(x, dim, keepdim)``: the largest of ``x != 0`` along ``dim`` (a 0/1 mask)."""
-    nonzero = elementwise(node.tensor(0), lambda read: 1.0 - Binary("equal", read, 0.0))
-    return reduce_max(nonzero, node.arg(1), keepdims=bool(node.arg(2)))
+    return reduce_max(cast(node.tensor(0), "bool"), node.arg(1), keepdims=bool(node.arg(2)))
 
 
 def _full_like(node: _Node) -> Tensor:

@@ -335,26 +335,25 @@ def _subprogram(
     up to tensor names), and its compiled program over positional names with its weights bound."""
     positional, arguments, constant = _positional(expr, weights)
     bound = {a: weights[t] for a, t in arguments.items() if t in weights}
-    if isinstance(expr, Opaque):
-        compiled = backend.compile(Candidate([Kernel("opaque", "out", positional)]), tensor_shapes(positional))
-        backend.measure(compiled)
-        compiled.bind(bound)
-        explain = "run by its library function (not searched)"
-        return Subprogram(
-            name, expr, ("opaque",), arguments, "opaque", compiled.cost, compiled.cost, 0.0, explain
-        ), compiled
-    key = (fingerprint(positional), positional.shape, tuple(tensor_shapes(positional).items()), constant)
-    kernels_before = len(instantiate(expr).kernels)
+    opaque = isinstance(expr, Opaque)
+    key = (
+        None
+        if opaque
+        else (fingerprint(positional), positional.shape, tuple(tensor_shapes(positional).items()), constant)
+    )
+    kernels_before = 1 if opaque else len(instantiate(expr).kernels)
     start = time.perf_counter()
     if key in derived:  # searched once already: same kernels, this subprogram's weights
         first, original_s, explain = derived[key]
         compiled = first.rebound(bound)
         state, search_s = "reused", 0.0
-    elif max_depth is None:
-        compiled = backend.compile(Candidate([Kernel("eop", "out", positional)]), tensor_shapes(positional))
+    elif max_depth is None or opaque:  # one kernel as written: TVM's, or the opaque function
+        kernel = Kernel("opaque" if opaque else "eop", "out", positional)
+        compiled = backend.compile(Candidate([kernel]), tensor_shapes(positional))
         backend.measure(compiled)
         compiled.bind(bound)
-        state, search_s, original_s, explain = "identity", 0.0, compiled.cost, "not searched"
+        state = "opaque" if opaque else "identity"
+        search_s, original_s, explain = 0.0, compiled.cost, "not searched"
     else:
         derivation = derive(positional, max_depth, time_limit=budget, weights=constant, backend=backend)
         best = derivation.best
