@@ -28,12 +28,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from vs_torch import interleaved  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
+
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
 import transformers as T  # noqa: E402
-from vs_torch import interleaved  # noqa: E402  (sets the thread pools' idle policy first)
 
 from rewriter.frontends.onnx import load_onnx  # noqa: E402
 from rewriter.pipeline import optimize_program  # noqa: E402

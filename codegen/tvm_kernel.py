@@ -26,7 +26,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -55,20 +55,42 @@ from rewriter.ir import (
 
 
 class _Deferred:
-    """A module imported on first attribute access. TVM takes seconds to import (and its FFI
-    imports torch where torch is installed), so ``import rewriter`` stays fast and torch-free
-    until the first kernel is compiled."""
+    """A module imported on first attribute access (``before_import()`` runs just before). TVM
+    takes seconds to import (and its FFI imports torch where torch is installed), so
+    ``import rewriter`` stays fast and torch-free until the first kernel is compiled."""
 
-    def __init__(self, name: str):
-        self._name, self._module = name, None
+    def __init__(self, name: str, before_import: Callable[[], None] = lambda: None):
+        self._name, self._module, self._before_import = name, None, before_import
 
     def __getattr__(self, attribute: str):
         if self._module is None:
+            self._before_import()
             self._module = importlib.import_module(self._name)
         return getattr(self._module, attribute)
 
 
-tvm = _Deferred("tvm")
+def physical_cores() -> int:
+    """The physical cores this process may run on (hardware threads of one core count once)."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(tuple((topology / f).read_text().strip() for f in ("physical_package_id", "core_id")))
+        except OSError:
+            cores.add(("cpu", str(cpu)))  # no topology: count the CPU itself
+    return max(1, len(cores))
+
+
+def _one_thread_per_core() -> None:
+    """TVM's thread pool takes half the CPUs unless told (it assumes two hardware threads per
+    core), so on a 2-core machine without them every kernel ran on one core, against libraries
+    that use both. It reads ``TVM_NUM_THREADS`` when it starts; where the user set it, that
+    still decides."""
+    os.environ.setdefault("TVM_NUM_THREADS", str(physical_cores()))
+
+
+tvm = _Deferred("tvm", _one_thread_per_core)
 
 # The source of this module is part of every cache key: a change to the lowering never loads a
 # kernel compiled by the old one (nor reuses its measured times: codegen.program's signatures).
@@ -97,7 +119,9 @@ class Schedule:
     """
 
     vector: int | None = None  # vector lanes; None: the target's width, 1: none
-    tile: int = 4  # unrolled rows of vectors inside the reduction loops (register blocking); 1: none
+    # unrolled rows of vectors inside the reduction loops (register blocking); 1: none; None: as
+    # many as the target's vector registers hold (16 with AVX-512's 32, else 8)
+    tile: int | None = None
     parallel: int | None = None  # outer spatial loops fused into the parallel loop; None: enough, 0: serial
     unroll: int = 1  # unroll factor of the innermost summation loop (with traversal lanes)
     pad: bool = True  # reads whose bounds checks vary along vector lanes use zero-padded copies
@@ -496,12 +520,27 @@ def _read_axis(stage: _Stage) -> int | None:
     )
 
 
-def _tile_axis(extents, rows: int) -> tuple[int, int] | None:
-    """(axis, rows) of the innermost spatial loop that splits into 2..``rows`` rows."""
-    for axis in reversed(range(len(extents))):
-        if _lanes(extents[axis], rows) > 1:
-            return axis, _lanes(extents[axis], rows)
-    return None
+def _tile_rows(params: Schedule, native: int) -> int:
+    """Rows of the register tile: ``params.tile``, else 16 where vectors are 512 bits wide (AVX-512
+    has 32 registers: 16 accumulators and room for the loads), else 8."""
+    return params.tile or (16 if native >= 16 else 8)
+
+
+def _tile_axis(extents, rows: int, stage: _Stage | None = None) -> tuple[int, int] | None:
+    """(axis, rows) of the spatial loop to unroll into a register tile of 2..``rows`` rows: with
+    ``stage``, the one whose rows share the most read elements (a matrix product's rows share
+    the weight's vector, loaded once for all of them), else the innermost that splits."""
+    axes = [axis for axis in reversed(range(len(extents))) if _lanes(extents[axis], rows) > 1]
+    if not axes:
+        return None
+    if stage is not None:
+        axes.sort(key=lambda axis: -_shared_elements(stage, stage.traversal[axis]))
+    return axes[0], _lanes(extents[axes[0]], rows)
+
+
+def _shared_elements(stage: _Stage, name: str) -> int:
+    """Elements of the reads that do not vary along iterator ``name`` (rows along it share them)."""
+    return sum(math.prod(shape) for indices, shape in stage.reads if not any(name in index_vars(ix) for ix in indices))
 
 
 def _schedule_stage(sch: tvm.s_tir.Schedule, stage: _Stage, params: Schedule, native: int) -> None:
@@ -517,15 +556,20 @@ def _schedule_stage(sch: tvm.s_tir.Schedule, stage: _Stage, params: Schedule, na
 
 
 _PARALLEL_ITERATIONS = 128  # enough chunks to balance threads; more only adds index arithmetic
+# Multiply-adds below which a stage runs on one thread: waking the pool's sleeping threads costs
+# tens of microseconds (measured: MobileNetV2's 104 kernels took 22 ms on 2 threads, 14 on 1).
+_PARALLEL_WORK = 1 << 21
 
 
-def _parallel(sch: tvm.s_tir.Schedule, loops: list, params: Schedule) -> None:
+def _parallel(sch: tvm.s_tir.Schedule, loops: list, params: Schedule, stage: _Stage) -> None:
     """Fuse the first ``params.parallel`` loops into a parallel loop; by default the fewest that
     give ``_PARALLEL_ITERATIONS`` iterations (fusing all makes tiny iterations that spend their
-    time decoding the fused index)."""
+    time decoding the fused index), none for a stage with little work."""
     if params.parallel is None:
         extents = [int(sch.get(loop).extent) for loop in loops]
         count = next((k for k in range(1, len(loops)) if math.prod(extents[:k]) >= _PARALLEL_ITERATIONS), len(loops))
+        work = math.prod(stage.shape) * math.prod(it.size for it in stage.summation)
+        count = count if work >= _PARALLEL_WORK else 0
     else:
         count = min(params.parallel, len(loops))
     if count:
@@ -547,7 +591,7 @@ def _vector_traversal(sch, block, stage: _Stage, params: Schedule, native: int) 
         extents[-1] //= lanes
         vector = [inner]
     tile = []
-    found = _tile_axis(extents, params.tile) if reduction else None
+    found = _tile_axis(extents, _tile_rows(params, native), stage) if reduction else None
     if found:
         axis, rows = found
         spatial[axis], inner = sch.split(spatial[axis], [None, rows])
@@ -562,8 +606,10 @@ def _vector_traversal(sch, block, stage: _Stage, params: Schedule, native: int) 
         if factor > 1:
             reduction[-1], inner = sch.split(reduction[-1], [None, factor])
             unrolled = [inner]
+    if reduction:  # the large operand's loops outermost: its slice stays in cache across the others
+        spatial = [spatial[k] for k in _outer_order(stage)]
     sch.reorder(*spatial, *reduction, *unrolled, *tile, *vector)
-    _parallel(sch, spatial, params)
+    _parallel(sch, spatial, params, stage)
     for loop in unrolled + tile:
         sch.unroll(loop)
     if vector:
@@ -584,7 +630,7 @@ def _vector_summation(sch, block, stage: _Stage, params: Schedule, native: int, 
     sch.reorder(*spatial, *reduction, outer, lane)
     partial = sch.rfactor(lane, factor_axis=rank)
     spatial = list(sch.get_loops(block))[:rank]
-    found = _tile_axis(list(stage.shape), params.tile)
+    found = _tile_axis(list(stage.shape), _tile_rows(params, native))
     tile_rows, inner = [], []
     if found:
         axis, rows = found
@@ -602,7 +648,7 @@ def _vector_summation(sch, block, stage: _Stage, params: Schedule, native: int, 
         raise _Refused(f"unexpected loops {extents} after compute_at")
     lane, rows, sums = new[0], new[1 : 1 + len(tile_rows)], new[1 + len(tile_rows) :]
     sch.reorder(*sums, *rows, lane)
-    _parallel(sch, spatial, params)
+    _parallel(sch, spatial, params, stage)
     for loop in rows:
         sch.unroll(loop)
     sch.vectorize(lane)
@@ -833,11 +879,15 @@ def candidate_schedules(scope: Scope, limit: int = 8) -> list[Schedule]:
     variants = [base]
     if scope.summation:
         variants += [replace(base, reduction_vector=flag) for flag in (False, True)]
-        variants += [replace(base, tile=1), replace(base, tile=8), replace(base, tile=16), replace(base, unroll=4)]
+        variants += [replace(base, tile=1), replace(base, tile=4), replace(base, tile=8), replace(base, unroll=4)]
     else:
         variants += [replace(base, block=8), replace(base, block=1)]
-    small = math.prod(scope.shape) <= 4096  # a parallel launch may cost more than it saves
-    variants += [replace(base, parallel=0 if small else 1), replace(base, vector=4), replace(base, pad=False)]
+    variants += [
+        replace(base, parallel=1),
+        replace(base, parallel=0),
+        replace(base, vector=4),
+        replace(base, pad=False),
+    ]
     return list(dict.fromkeys(variants))[:limit]
 
 

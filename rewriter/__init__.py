@@ -16,6 +16,7 @@ The layers, bottom to top (each imports only those below it; see DESIGN.md):
     testing     the property-test harness and hypothesis strategies (strategies need hypothesis)
 """
 
+from . import _threads  # noqa: F401  (first: before numpy loads its BLAS)
 from .frontends import from_torch, load_onnx, zoo
 from .ir import (
     Access,

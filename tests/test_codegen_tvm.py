@@ -6,6 +6,7 @@ against a cache directory of its own (REWRITER_CACHE), so nothing is loaded from
 
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -14,7 +15,7 @@ import tvm
 from hypothesis import given, settings
 
 from codegen import CodegenError, Schedule, TvmKernel, candidate_schedules, compile_scope
-from codegen.tvm_kernel import _scheduled, cache_path, host_target, lower_to_te
+from codegen.tvm_kernel import _scheduled, cache_path, host_target, lower_to_te, physical_cores
 from rewriter import conv2d, conv_transpose2d, evaluate, g2bmm, matmul, parse
 from rewriter.cases import CASES
 from rewriter.testing.strategies import ALL_FUNCTIONS, expressions_with_inputs, random_inputs
@@ -92,9 +93,33 @@ def test_matmul_chain_case_at_full_size():
     assert_matches(expr, random_inputs(expr, 2), dtype="float32")
 
 
-def test_default_schedule_vectorises_and_parallelises():
-    listing = compile_scope(SMALL_OPERATORS["conv3x3_nhwc"]).listing()
-    assert "T.parallel" in listing and "T.vectorized" in listing
+def test_default_schedule_vectorises():
+    assert "T.vectorized" in compile_scope(SMALL_OPERATORS["conv3x3_nhwc"]).listing()
+
+
+@pytest.mark.parametrize("size, parallel", [(16, False), (160, True)])
+def test_only_stages_with_enough_work_run_in_parallel(size, parallel):
+    """Waking the thread pool costs tens of microseconds: a small product runs on one thread."""
+    expr = parse(f"L m:{size}, n:{size} ; S k:{size} ; A[m, k] * B[k, n]", {"A": (size, size), "B": (size, size)})
+    assert ("T.parallel" in compile_scope(expr, dtype="float32").listing()) == parallel
+    assert_matches(expr, random_inputs(expr, 1), dtype="float32")
+
+
+def test_a_products_register_tile_runs_along_the_rows_that_share_the_weight():
+    """C = A @ B: the unrolled rows of the register tile are rows of m (one load of B's vector
+    serves them all), and the loops over n go outside those over m (B's slice stays in cache
+    while m sweeps it)."""
+    expr = parse("L m:32, n:256 ; S k:64 ; A[m, k] * B[k, n]", {"A": (32, 64), "B": (64, 256)})
+    listing = compile_scope(expr, dtype="float32", schedule=Schedule(tile=8)).listing()
+    assert "for m_1 in T.unroll(8)" in listing and "for n_1 in T.vectorized" in listing
+    assert listing.index("n_0") < listing.index("m_0")
+    assert_matches(expr, random_inputs(expr, 2), dtype="float32", schedule=Schedule(tile=8))
+
+
+def test_tvm_runs_one_thread_per_physical_core():
+    compile_scope(parse("L i:4 ; X[i]", {"X": (4,)}))  # TVM is loaded on first use
+    assert 1 <= physical_cores() <= os.cpu_count()
+    assert int(os.environ["TVM_NUM_THREADS"]) >= 1
 
 
 @pytest.mark.parametrize(

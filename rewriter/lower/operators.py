@@ -279,7 +279,7 @@ def band_constraints(operator: Operator, filled: Filled) -> BandMatch | None:
 # --------------------------------------------------------------------------------------------
 # The records (Table 2)
 
-CPU_GEMM = {"cpu": ("blas",)}
+CPU_GEMM = {"cpu": ("blas", "tvm")}  # BLAS, or the scope compiled by TVM (faster for few rows), raced
 
 MATMUL = Operator(
     "matmul",
