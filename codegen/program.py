@@ -6,12 +6,14 @@ a ``CompiledProgram``:
 * a matched operator runs the implementations its record lists for this backend
   (``Operator.implementations["cpu"]``, ``rewriter.lower.operators``), raced by measurement:
   "blas" (Matmul / BatchMatmul: numpy's BLAS on strided views of the operands, in place, by
-  the strides the iterator mapping table found), "im2col" (a convolution as im2col + batched
+  the strides the iterator mapping table found), "packed" (Matmul / BatchMatmul whose right
+  operand is a weight: TVM over the weight laid out in panels once, ``codegen.packed``), "im2col" (a convolution as im2col + batched
   BLAS, ``codegen.im2col``), "band" (a band matmul as blocked batched BLAS, ``codegen.band``),
   "tvm" (its scope compiled by TVM, ``codegen.tvm_kernel``);
 * an eOperator is its scope compiled by TVM; ``tune`` races a few TVM schedules per kernel;
 * an opaque operation (a gather by run-time indices) runs its numpy function, "opaque";
-* kernels that read only weights run once, when ``bind`` is given their values (OLLIE 5.4).
+* kernels that read only weights run once, when ``bind`` is given their values (OLLIE 5.4), and
+  the weights an implementation reads laid out are laid out then (``prepare``).
 
 ``measure(db)`` times each distinct kernel once on this device (``codegen.measure``), and the
 program's cost is the sum of its kernels' medians. ``save(dir)`` / ``load(dir)`` keep a program
@@ -35,6 +37,7 @@ from rewriter.semantics import run_opaque
 from .band import band_call
 from .im2col import im2col_call
 from .measure import MeasurementDB, signature, time_callable, time_in_turns
+from .packed import packed_call
 from .tvm_kernel import (
     CODEGEN_VERSION,
     CodegenError,
@@ -71,8 +74,15 @@ def _opaque_call(kernel: Kernel, dtype: str):
     return call
 
 
-# implementation name -> (kernel, dtype) -> (values, out) -> None, or None where it does not apply
-LIBRARY_CALLS = {"blas": _blas_call, "im2col": im2col_call, "band": band_call, "opaque": _opaque_call}
+# implementation name -> (kernel, dtype) -> (values, out) -> None, or None where it does not apply.
+# A call with a ``prepare(values)`` method lays out the bound weights it reads once (``bind``).
+LIBRARY_CALLS = {
+    "blas": _blas_call,
+    "packed": packed_call,
+    "im2col": im2col_call,
+    "band": band_call,
+    "opaque": _opaque_call,
+}
 
 
 @dataclass
@@ -91,7 +101,7 @@ class Step:
         change to the lowering must not reuse the old code's timings)."""
         shapes = sorted(tensor_shapes(self.kernel.expr).items())
         schedule = self.compiled.schedule if self.compiled else None
-        version = CODEGEN_VERSION if self.impl == "tvm" else None
+        version = CODEGEN_VERSION if self.impl in ("tvm", "packed") else None
         return signature("kernel", self.impl, self.kernel.kind, self.kernel.expr, shapes, dtype, schedule, version)
 
     def renamed(self, names: Mapping[str, str], dtype: str) -> Step:
@@ -116,6 +126,8 @@ class CompiledProgram:
     source: object = field(default=None, repr=False)  # the search state the candidate came from
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # bound weight-only outputs
     buffers: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)  # intermediates, reused
+    # bound weights as the implementations that read them lay them out (a packed matmul's panels)
+    prepared: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def kernels(self) -> list[Kernel]:
@@ -144,7 +156,7 @@ class CompiledProgram:
         missing = sorted(set(self.inputs) - set(inputs) - set(self.constants))
         if missing:
             raise ExpressionError(f"missing input tensor(s): {', '.join(missing)}")
-        values = dict(self.constants)
+        values = {**self.constants, **self.prepared}
         for name, shape in self.inputs.items():
             if name in inputs:
                 if np.shape(inputs[name]) != tuple(shape):
@@ -189,6 +201,15 @@ class CompiledProgram:
                 out = aligned_empty(step.kernel.expr.shape, self.dtype)
                 step.call(values, out)
                 values[step.kernel.output] = self.constants[step.kernel.output] = out
+        return self.prepare()
+
+    def prepare(self) -> CompiledProgram:
+        """Lay out the bound weights for the implementations that read them laid out (their
+        calls' ``prepare``): once, not on every run."""
+        self.prepared = {}
+        for step in self.steps:
+            if hasattr(step.call, "prepare"):
+                self.prepared.update(step.call.prepare(self.constants))
         return self
 
     def measure(self, db: MeasurementDB | None = None, seed: int = 0, **timing) -> float:
@@ -229,6 +250,7 @@ class CompiledProgram:
                 "shapes": tensor_shapes(k.expr),
                 "impl": step.impl,
                 "weight_only": k.weight_only,
+                "weights": sorted(k.weights),
                 "seconds": step.seconds,
             }
             if step.compiled is not None and step.compiled.path is not None:
@@ -256,9 +278,8 @@ def load(directory: str | Path, operators=OPERATORS) -> CompiledProgram:
     for entry in meta["kernels"]:
         expr = parse(entry["expr"], {n: tuple(s) for n, s in entry["shapes"].items()})
         kind, match = ("opaque", None) if isinstance(expr, Opaque) else match_operator(expr, operators)
-        kernel = Kernel(
-            entry["kind"], entry["output"], expr, match if kind == entry["kind"] else None, entry["weight_only"]
-        )
+        match = match if kind == entry["kind"] else None
+        kernel = Kernel(entry["kind"], entry["output"], expr, match, entry["weight_only"], frozenset(entry["weights"]))
         library = directory / entry["library"] if "library" in entry else None
         schedule = Schedule(**entry["schedule"]) if "schedule" in entry else None
         step = _step(kernel, entry["impl"], dtype, library=library, schedule=schedule)
@@ -266,7 +287,9 @@ def load(directory: str | Path, operators=OPERATORS) -> CompiledProgram:
         steps.append(step)
     constants = {name: np.load(directory / f"{name}.npy") for name in meta["constants"]}
     inputs = {n: tuple(s) for n, s in meta["inputs"].items()}
-    return CompiledProgram(steps, inputs, dtype, constants={n: _aligned(v, dtype) for n, v in constants.items()})
+    return CompiledProgram(
+        steps, inputs, dtype, constants={n: _aligned(v, dtype) for n, v in constants.items()}
+    ).prepare()
 
 
 def remeasure(
@@ -294,9 +317,12 @@ def remeasure(
 
 def _timing_call(step: Step, dtype: str, rng) -> Callable[[], None]:
     """``step`` on random inputs of its shapes, as a callable to time (an opaque operation on
-    zeros: random values are no valid gather indices, 0 is)."""
+    zeros: random values are no valid gather indices, 0 is); weights laid out beforehand where
+    its implementation does that once (``prepare``)."""
     sample = (lambda s: np.zeros(s)) if step.kernel.kind == "opaque" else (lambda s: rng.uniform(-1, 1, s))
     values = {n: _aligned(sample(s), dtype) for n, s in tensor_shapes(step.kernel.expr).items()}
+    if hasattr(step.call, "prepare"):
+        values.update(step.call.prepare(values))
     out = aligned_empty(step.kernel.expr.shape, dtype)
     return lambda: step.call(values, out)
 
@@ -374,7 +400,11 @@ def _fastest(kernel: Kernel, dtype: str, db: MeasurementDB | None, tune: int) ->
     options, refused = [], []
     for impl in implementations(kernel):
         if impl != "tvm":
-            call = LIBRARY_CALLS[impl](kernel, dtype)
+            try:
+                call = LIBRARY_CALLS[impl](kernel, dtype)
+            except CodegenError as err:  # a library call TVM compiles for (packed) was refused
+                refused.append(err)
+                continue
             options += [Step(kernel, impl, call)] if call is not None else []
             continue
         for schedule in candidate_schedules(kernel.expr, tune) if tune > 0 else [None]:
@@ -476,7 +506,7 @@ def stitch(
     for program, names in parts:
         steps += [step.renamed(names, program.dtype) for step in program.steps]
         constants.update({names.get(n, n): value for n, value in program.constants.items()})
-    return CompiledProgram(steps, dict(inputs), dtypes.pop(), constants=constants)
+    return CompiledProgram(steps, dict(inputs), dtypes.pop(), constants=constants).prepare()
 
 
 def fuse_boundaries(
@@ -488,4 +518,4 @@ def fuse_boundaries(
     tensors the parts hand over (not the model's outputs, which must stay)."""
     log: list[Fusion] = []
     steps = _fused(program.steps, program.dtype, db, tune, producers=boundaries.__contains__, check=True, log=log)
-    return replace(program, steps=steps, constants=dict(program.constants), buffers={}), log
+    return replace(program, steps=steps, constants=dict(program.constants), buffers={}).prepare(), log

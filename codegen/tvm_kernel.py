@@ -765,7 +765,7 @@ class TvmKernel:
         the kernel's dtype (a misaligned one is refused, not copied)."""
         args = [arrays[name] for name in self.inputs] + [out]
         for arg in args:
-            if isinstance(arg, np.ndarray) and not _is_aligned(arg):
+            if isinstance(arg, np.ndarray) and not is_aligned(arg):
                 raise ValueError(
                     "TvmKernel.run: numpy buffers must be C-contiguous and 64-byte aligned (use prepare())"
                 )
@@ -793,7 +793,7 @@ class TvmKernel:
 _ALIGNMENT = 64
 
 
-def _is_aligned(array: np.ndarray) -> bool:
+def is_aligned(array: np.ndarray) -> bool:
     return array.flags.c_contiguous and array.ctypes.data % _ALIGNMENT == 0
 
 
@@ -806,7 +806,7 @@ def aligned_empty(shape, dtype) -> np.ndarray:
 
 def aligned_copy(value, dtype) -> np.ndarray:
     array = np.asarray(value)
-    if array.dtype == dtype and _is_aligned(array):
+    if array.dtype == dtype and is_aligned(array):
         return array
     copy = aligned_empty(array.shape, dtype)
     copy[...] = array

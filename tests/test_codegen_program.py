@@ -112,7 +112,7 @@ def test_derive_races_the_identity_and_picks_the_fastest_by_the_latest_measureme
 def test_matmul_reads_strided_operands_in_place_through_blas():
     expr = matmul((6, 5), (5, 4))
     (kernel,) = instantiate(expr).kernels
-    assert implementations(kernel) == ("blas", "tvm")  # raced by measurement
+    assert implementations(kernel) == ("blas", "tvm", "packed")  # raced by measurement
     program = CompiledProgram([_step(kernel, "blas", "float32")], {"A": (6, 5), "B": (5, 4)})
     inputs = random_inputs(expr, 3)
     _close(program(**inputs), inputs["A"] @ inputs["B"], 1e-5)
@@ -316,3 +316,65 @@ def test_fusion_across_parts_refuses_a_fused_kernel_that_computes_something_else
     db.put(_step(wrong(*stitched.kernels[1:]), "tvm", "float32").signature("float32"), Timing(1e-9, 0.0, 1, False))
     program, fusions = fuse_boundaries(stitched, {"H"}, db)
     assert fusions == [] and len(program.kernels) == 3
+
+
+# --------------------------------------------------------------------------------------------
+# A matmul whose right operand is a weight, packed into panels once (codegen.packed)
+
+PACKED_CASES = [
+    ("L m:32, n:100 ; S k:64 ; A[m, k] * B[k, n]", {"A": (32, 64), "B": (64, 100)}),  # columns past a panel
+    ("L m:13, n:48 ; S k:20 ; A[m, k] * B[n, k]", {"A": (13, 20), "B": (48, 20)}),  # rows past a tile, B^T
+    ("L b:3, m:8, n:16 ; S k:8 ; A[m, k] * B[b, k, n]", {"A": (8, 8), "B": (3, 8, 16)}),  # A broadcast
+    ("L m:8, b:3, n:20 ; S k:8 ; A[b, m, k] * B[b, k, n]", {"A": (3, 8, 8), "B": (3, 8, 20)}),  # C strided
+]
+
+
+@pytest.mark.parametrize("text, shapes", PACKED_CASES)
+def test_a_packed_matmul_lays_its_weight_out_once_when_bound(text, shapes):
+    from rewriter import parse
+    from rewriter.lower import postprocess
+
+    expr = parse(text, shapes)
+    (kernel,) = postprocess(instantiate(expr), weights=("B",)).kernels
+    assert kernel.weights == {"B"} and "packed" in implementations(kernel)
+    inputs = random_inputs(expr, 6)
+    bound = CompiledProgram([_step(kernel, "packed", "float32")], {"A": shapes["A"]}).bind({"B": inputs["B"]})
+    assert set(bound.prepared) == {"B.panels"}  # laid out at bind, not on every run
+    _close(bound(A=inputs["A"]), evaluate(expr, inputs), 1e-5)
+    unbound = CompiledProgram([_step(kernel, "packed", "float32")], dict(shapes))
+    _close(unbound(**inputs), evaluate(expr, inputs), 1e-5)  # B given per call: packed per call
+
+
+def test_a_matmul_reading_no_weight_has_no_packed_implementation():
+    from codegen.packed import packed_call
+    from rewriter.lower import postprocess
+
+    (kernel,) = postprocess(instantiate(matmul((6, 5), (5, 4))), weights=()).kernels
+    assert packed_call(kernel, "float32") is None
+
+
+def test_packed_weights_are_laid_out_again_after_stitching_saving_and_loading(tmp_path):
+    """Each part's panels are named after its own weight: stitched parts over positional names
+    get the model's names, and a saved program lays its weights out again when loaded."""
+    from codegen.program import stitch
+    from rewriter import parse
+    from rewriter.lower import postprocess
+
+    shapes = {"ARG0": (4, 8), "ARG1": (8, 24)}
+    expr = parse("L m:4, n:24 ; S k:8 ; ARG0[m, k] * ARG1[k, n]", shapes)
+    (kernel,) = postprocess(instantiate(expr), weights=("ARG1",)).kernels
+    rng = np.random.default_rng(2)
+    w1, w2 = rng.uniform(-1, 1, (8, 24)), rng.uniform(-1, 1, (8, 24))
+    first = CompiledProgram([_step(kernel, "packed", "float32")], {"ARG0": (4, 8)}).bind({"ARG1": w1})
+    second = first.rebound({"ARG1": w2})
+    parts = [(first, {"ARG0": "X", "ARG1": "W1", "out": "H"}), (second, {"ARG0": "H2", "ARG1": "W2"})]
+    program = stitch(parts, {"X": (4, 8), "H2": (4, 8)})
+    assert set(program.prepared) == {"W1.panels", "W2.panels"}
+    x, h2 = rng.uniform(-1, 1, (4, 8)), rng.uniform(-1, 1, (4, 8))
+    values = program.run({"X": x, "H2": h2}, outputs=("H",))
+    _close(values["H"], x @ w1, 1e-5)
+    _close(values["out"], h2 @ w2, 1e-5)
+    program.save(tmp_path / "prog")
+    assert not list((tmp_path / "prog").glob("*.panels.npy"))  # laid out again on load, not stored
+    again = load(tmp_path / "prog").run({"X": x, "H2": h2})
+    _close(again["out"], h2 @ w2, 1e-5)

@@ -30,6 +30,7 @@ from .operators import (
     conv_constraints,
     gemm_constraints,
     match_operator,
+    operand_view,
     point_flops,
     run_gemm,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "match_operator",
     "point_flops",
     "postprocess",
+    "operand_view",
     "run_gemm",
     "wants_operator",
 ]

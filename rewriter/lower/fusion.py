@@ -31,7 +31,8 @@ from .kernels import Kernel
 def fuse(producer: Kernel, consumer: Kernel) -> Kernel:
     """The eOperator computing ``consumer`` with ``producer`` inside it."""
     fused = inline(consumer.expr, producer.output, producer.expr)
-    return Kernel("eop", consumer.output, fused, weight_only=producer.weight_only and consumer.weight_only)
+    weights = (producer.weights | consumer.weights) & set(tensor_shapes(fused))
+    return Kernel("eop", consumer.output, fused, None, producer.weight_only and consumer.weight_only, weights)
 
 
 def readers(kernels: list[Kernel], name: str) -> list[int]:

@@ -36,6 +36,9 @@ class Kernel:
     expr: Scope | Opaque
     match: object | None = None  # the operator's match (GemmMatch, ConvMatch, BandMatch, ...)
     weight_only: bool = False  # reads only weights: evaluated once at build time (5.4)
+    # the inputs it reads that are weights (bound once): an implementation may lay them out for
+    # itself when they are bound (codegen's packed matmul)
+    weights: frozenset[str] = frozenset()
 
     @property
     def operator(self) -> Operator | None:
@@ -61,13 +64,16 @@ class Kernel:
         """The same kernel over a renamed expression (matched again, by its own operator: the
         tensor names are in the match)."""
         if self.kind in ("eop", "opaque"):
-            return Kernel(self.kind, self.output, expr, None, self.weight_only)
+            return Kernel(self.kind, self.output, expr, None, self.weight_only, self.weights)
         kind, match = match_operator(expr, None if self.operator is None else (self.operator,))
-        return Kernel(kind, self.output, expr, match, self.weight_only)
+        return Kernel(kind, self.output, expr, match, self.weight_only, self.weights)
 
     def renamed(self, names: dict[str, str]) -> Kernel:
         """The same kernel reading and writing the tensors ``names`` maps to (others unchanged)."""
-        return replace(self, output=names.get(self.output, self.output)).with_expr(rename_tensors(self.expr, names))
+        moved = replace(
+            self, output=names.get(self.output, self.output), weights=frozenset(names.get(w, w) for w in self.weights)
+        )
+        return moved.with_expr(rename_tensors(self.expr, names))
 
     def __str__(self) -> str:
         marks = " (weights only)" if self.weight_only else ""

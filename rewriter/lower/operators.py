@@ -171,16 +171,17 @@ def _gemm_views(operator, x: str, y: str, px, py, groups, sizes, out_strides) ->
     return GemmMatch(operator, a, b, strides["out"])
 
 
+def operand_view(values: dict[str, np.ndarray], op: Operand) -> np.ndarray:
+    """The operand as its strided 3-d view of its tensor in ``values`` (no copy of a C-contiguous one)."""
+    flat = np.ascontiguousarray(values[op.tensor]).reshape(-1)
+    return np.lib.stride_tricks.as_strided(flat[op.offset :], op.shape, tuple(s * flat.itemsize for s in op.strides))
+
+
 def run_gemm(match: GemmMatch, values: dict[str, np.ndarray], out_shape, out: np.ndarray | None = None) -> np.ndarray:
     """C[b, m, n] = A[b, m, :] @ B[b, :, n] on strided views of the operands (no copies made
     here), landing in ``out`` (a new array when None) through C's strides."""
 
-    def view(op: Operand) -> np.ndarray:
-        flat = np.ascontiguousarray(values[op.tensor]).reshape(-1)
-        itemsize = flat.itemsize
-        return np.lib.stride_tricks.as_strided(flat[op.offset :], op.shape, tuple(s * itemsize for s in op.strides))
-
-    a, b = view(match.a), view(match.b)
+    a, b = operand_view(values, match.a), operand_view(values, match.b)
     out = np.empty(out_shape, dtype=np.result_type(a, b)) if out is None else out
     shape = (a.shape[0], a.shape[1], b.shape[2])
     target = np.lib.stride_tricks.as_strided(out.reshape(-1), shape, tuple(s * out.itemsize for s in match.out_strides))
@@ -279,7 +280,9 @@ def band_constraints(operator: Operator, filled: Filled) -> BandMatch | None:
 # --------------------------------------------------------------------------------------------
 # The records (Table 2)
 
-CPU_GEMM = {"cpu": ("blas", "tvm")}  # BLAS, or the scope compiled by TVM (faster for few rows), raced
+# BLAS; the scope compiled by TVM (faster for few rows); TVM over the weight laid out in panels
+# once (where the right operand is a weight: codegen.packed); raced by measurement
+CPU_GEMM = {"cpu": ("blas", "tvm", "packed")}
 
 MATMUL = Operator(
     "matmul",

@@ -5,6 +5,8 @@ kernels that read only weights marked for compile-time evaluation.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rewriter.ir import Access, Tensor, rename_tensors, tensor_shapes
 
 from .fusion import fuse, fusion_pairs, readers
@@ -30,14 +32,15 @@ def postprocess(candidate: Candidate, weights=()) -> Candidate:
 
 
 def mark_weight_only(kernels: list[Kernel], weights) -> list[Kernel]:
-    """``kernels`` with those that read only weights (and their products) marked weight-only;
-    the program's final kernel is never marked."""
+    """``kernels`` with those that read only weights (and their products) marked weight-only,
+    and each kernel's weight inputs named; the program's final kernel is never marked."""
     constant, marked = set(weights), []
     for kernel in kernels:
-        only = kernel.output != kernels[-1].output and set(tensor_shapes(kernel.expr)) <= constant
+        reads = set(tensor_shapes(kernel.expr))
+        only = kernel.output != kernels[-1].output and reads <= constant
+        marked.append(Kernel(kernel.kind, kernel.output, kernel.expr, kernel.match, only, frozenset(reads & constant)))
         if only:
             constant.add(kernel.output)
-        marked.append(Kernel(kernel.kind, kernel.output, kernel.expr, kernel.match, only))
     return marked
 
 
@@ -53,9 +56,7 @@ def _drop_identity(kernels: list[Kernel]) -> bool:
             _rename_reads(kernels, kernel.output, source)
         elif source in produced:
             producer = produced[source]
-            kernels[kernels.index(producer)] = Kernel(
-                producer.kind, kernel.output, producer.expr, producer.match, producer.weight_only
-            )
+            kernels[kernels.index(producer)] = replace(producer, output=kernel.output)
             _rename_reads(kernels, source, kernel.output)
         else:
             continue  # the whole program copies an input: that copy is the program
