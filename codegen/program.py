@@ -7,9 +7,10 @@ a ``CompiledProgram``:
   (``Operator.implementations["cpu"]``, ``rewriter.lower.operators``), raced by measurement:
   "blas" (Matmul / BatchMatmul: numpy's BLAS on strided views of the operands, in place, by
   the strides the iterator mapping table found), "packed" (Matmul / BatchMatmul whose right
-  operand is a weight: TVM over the weight laid out in panels once, ``codegen.packed``), "im2col" (a convolution as im2col + batched
-  BLAS, ``codegen.im2col``), "band" (a band matmul as blocked batched BLAS, ``codegen.band``),
-  "tvm" (its scope compiled by TVM, ``codegen.tvm_kernel``);
+  operand is a weight: TVM over the weight laid out in panels once, ``codegen.packed``),
+  "im2col" (a convolution as im2col + batched BLAS, ``codegen.im2col``), "band" (a band matmul
+  as blocked batched BLAS, ``codegen.band``), "tvm" (its scope compiled by TVM,
+  ``codegen.tvm_kernel``);
 * an eOperator is its scope compiled by TVM; ``tune`` races a few TVM schedules per kernel;
 * an opaque operation (a gather by run-time indices) runs its numpy function, "opaque";
 * kernels that read only weights run once, when ``bind`` is given their values (OLLIE 5.4), and
@@ -204,8 +205,8 @@ class CompiledProgram:
         return self.prepare()
 
     def prepare(self) -> CompiledProgram:
-        """Lay out the bound weights for the implementations that read them laid out (their
-        calls' ``prepare``): once, not on every run."""
+        """Lay the bound weights out for the implementations that read them in a layout of their
+        own (their calls' ``prepare``: a packed matmul's panels), once rather than every run."""
         self.prepared = {}
         for step in self.steps:
             if hasattr(step.call, "prepare"):
@@ -279,7 +280,9 @@ def load(directory: str | Path, operators=OPERATORS) -> CompiledProgram:
         expr = parse(entry["expr"], {n: tuple(s) for n, s in entry["shapes"].items()})
         kind, match = ("opaque", None) if isinstance(expr, Opaque) else match_operator(expr, operators)
         match = match if kind == entry["kind"] else None
-        kernel = Kernel(entry["kind"], entry["output"], expr, match, entry["weight_only"], frozenset(entry["weights"]))
+        kernel = Kernel(
+            entry["kind"], entry["output"], expr, match, entry["weight_only"], frozenset(entry.get("weights", ()))
+        )
         library = directory / entry["library"] if "library" in entry else None
         schedule = Schedule(**entry["schedule"]) if "schedule" in entry else None
         step = _step(kernel, entry["impl"], dtype, library=library, schedule=schedule)

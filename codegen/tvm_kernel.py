@@ -119,8 +119,8 @@ class Schedule:
     """
 
     vector: int | None = None  # vector lanes; None: the target's width, 1: none
-    # unrolled rows of vectors inside the reduction loops (register blocking); 1: none; None: as
-    # many as the target's vector registers hold (16 with AVX-512's 32, else 8)
+    # unrolled rows of vectors inside the reduction loops (register blocking); 1: none; None: 16
+    # where a vector holds 16 lanes (float32 on AVX-512, which has 32 vector registers), else 8
     tile: int | None = None
     parallel: int | None = None  # outer spatial loops fused into the parallel loop; None: enough, 0: serial
     unroll: int = 1  # unroll factor of the innermost summation loop (with traversal lanes)
@@ -521,8 +521,8 @@ def _read_axis(stage: _Stage) -> int | None:
 
 
 def _tile_rows(params: Schedule, native: int) -> int:
-    """Rows of the register tile: ``params.tile``, else 16 where vectors are 512 bits wide (AVX-512
-    has 32 registers: 16 accumulators and room for the loads), else 8."""
+    """Rows of the register tile: ``params.tile``, else 16 where a vector holds 16 lanes (float32
+    on AVX-512, whose 32 registers leave room for the loads beside 16 accumulators), else 8."""
     return params.tile or (16 if native >= 16 else 8)
 
 
