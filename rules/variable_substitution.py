@@ -3,7 +3,7 @@
 from itertools import product
 
 from rewriter.index import affine_coefficients, affine_index, vanishes_outside
-from rewriter.ir import Iterator, Scope, Var, accesses, substitute
+from rewriter.ir import Access, Iterator, Scope, Var, accesses, index_vars, map_accesses, substitute
 from rewriter.search.dsl import fresh_name, rule, substitute_traversal
 
 
@@ -18,9 +18,21 @@ def substitute_variables(scope: Scope):
     access's indices at once, as Figure 6's ``(r,s,h,w,f) -> (r,s,f,h+r,w+s)``), and splitting
     ``i = k*p + q`` for strides k that appear beside i. Merging is the guided rule below.
     Each phi is checked to be a bijection with islpy before use.
+
+    A strided index ``k*h + r`` (a convolution with stride k) has no pivot of coefficient 1
+    whose inverse leaves the other reads alone (``r = t - k*h`` moves h into the weight's
+    index). Where h is read only through that index, phi(h, r) = (k*h + r, r) is injective
+    but not onto its box, and the inner scope is written on the image instead:
+
+        L h, r ; S s ; f(k*h + r, r)   =>   L h, r ; { L r, t ; S s ; f(t, r) }[r, k*h + r]
+
+    which agrees with the original wherever it is read (t = k*h + r) and computes the points
+    between them too: the step from a strided convolution to one GEMM over every input
+    position (Figure 3b with stride).
     """
     for new_traversal, forward, inverse in _proposals(scope):
         yield substitute_traversal(scope, new_traversal, forward, inverse)
+    yield from _strided_skews(scope)
 
 
 def _proposals(scope: Scope):
@@ -105,6 +117,64 @@ def _skews(scope: Scope):
             independent = all(not (set(coeffs) - {p}) & set(pivots) for p, coeffs in combination)
             if len(pivots) == len(combination) and independent:
                 yield from once(pivots)
+
+
+def _strided_skews(scope: Scope):
+    """The skews t = k*h + ... of pivots h of coefficient k > 1 read through that one index
+    form only: one per index, and all of an access's indices at once."""
+    for _, forms in _traversal_forms(scope):
+        pivots = {}
+        for coeffs in forms:
+            for pivot, k in coeffs.items():
+                if abs(k) > 1 and len(coeffs) > 1 and _read_only_as(scope, pivot, coeffs):
+                    pivots.setdefault(pivot, coeffs)
+        for pivot, coeffs in pivots.items():
+            yield _strided_skew(scope, {pivot: coeffs})
+        if len(pivots) > 1 and all(not (set(c) - {p}) & set(pivots) for p, c in pivots.items()):
+            yield _strided_skew(scope, pivots)
+
+
+def _read_only_as(scope: Scope, pivot: str, coeffs: dict[str, int]) -> bool:
+    """Whether every index that mentions ``pivot`` is affine with traversal part ``coeffs``."""
+    names = {it.name for it in scope.traversal}
+    for access in accesses(scope.body):
+        for ix in access.indices:
+            if pivot in index_vars(ix):
+                form = affine_coefficients(ix)
+                if form is None or {v: c for v, c in form[0].items() if v in names} != coeffs:
+                    return False
+    return True
+
+
+def _strided_skew(scope: Scope, pivots: dict[str, dict[str, int]]) -> Scope:
+    """``L x ; f(phi(x))  =>  L x ; { L y ; f(y) }[phi(x)]``: each pivot's index form becomes
+    a new iterator t (last, as in ``_skew``) wherever it is read; phi need not be onto."""
+    taken = {it.name for it in scope.iterators}
+    names = {it.name for it in scope.traversal}
+    added, forward, rewrite = [], {}, {}
+    for coeffs in pivots.values():
+        t = fresh_name("t", taken)
+        taken.add(t)
+        lo, hi = _bounds(coeffs, scope)
+        added.append(Iterator(t, lo, hi + 1))
+        forward[t] = affine_index(coeffs)
+        rewrite[tuple(sorted(coeffs.items()))] = t
+
+    def reindex(ix):
+        form = affine_coefficients(ix)
+        if form is None:
+            return ix
+        coeffs, constant = form
+        t = rewrite.get(tuple(sorted((v, c) for v, c in coeffs.items() if v in names)))
+        if t is None:
+            return ix
+        return affine_index({t: 1, **{v: c for v, c in coeffs.items() if v not in names}}, constant)
+
+    body = map_accesses(scope.body, lambda a: Access(a.source, tuple(map(reindex, a.indices))))
+    traversal = tuple(it for it in scope.traversal if it.name not in pivots) + tuple(added)
+    forward.update({it.name: Var(it.name) for it in traversal if it.name not in forward})
+    inner = Scope(traversal, scope.summation, body, scope.reduce)
+    return Scope(scope.traversal, (), inner[tuple(forward[it.name] for it in traversal)])
 
 
 def _merges(scope: Scope):

@@ -218,6 +218,23 @@ def test_split_substitution_for_strided_access():
     assert assert_sound(RULES["variable substitution"], e) == len(results)
 
 
+def test_strided_skew_makes_one_gemm_over_every_input_position():
+    # a stride-2 convolution's product after summation splitting: h is read only through 2*h+r
+    e = parse(
+        "L h:4, w:4, r:3, s:3, f:2 ; S c:2 ; A[c, 2*h+r-1, 2*w+s-1] * K[f, c, r, s]",
+        {"A": (2, 8, 8), "K": (2, 2, 3, 3)},
+    )
+    texts = [str(r) for r in RULES["variable substitution"].apply(e)]
+    assert (
+        "{ L r:3, s:3, f:2, t:9, t1:9 ; S c:2 ; A[c, t-1, t1-1] * K[f, c, r, s] }[r, s, f, 2*h+r, s+2*w]"
+        in " ".join(texts)
+    )
+    assert assert_sound(RULES["variable substitution"], e) == len(texts)
+    # where h is also read on its own, t = 2*h + r does not replace it: no strided skew
+    mixed = parse("L h:4, r:3 ; A[2*h+r] * B[h]", {"A": (9,), "B": (4,)})
+    assert not any("A[t]" in str(r) for r in RULES["variable substitution"].apply(mixed))
+
+
 # ---------------------------------------------------------------------------------------------
 # The DSL refuses bad rules instead of making wrong unions
 

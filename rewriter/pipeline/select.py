@@ -21,8 +21,11 @@ from rewriter.lower import Candidate, Kernel, instantiate, postprocess
 from rewriter.search import fingerprint
 
 # A candidate may not build a temporary more than this many times the largest tensor the
-# expression reads or writes (partial sums kept per summed channel can be 64x the output).
+# expression reads or writes (partial sums kept per summed channel can be 64x the output: a
+# full-size SRCNN ran out of memory on them), unless the temporary is small in itself: the
+# Figure 3b form of a KxK convolution keeps K*K partial images, K*K times its output.
 INTERMEDIATE_FACTOR = 8
+SMALL_TEMPORARY = 1 << 22  # elements (16 MiB of float32)
 
 
 def admitted(candidate: Candidate, identity: Candidate, expr: Scope) -> Candidate | None:
@@ -39,10 +42,11 @@ def admitted(candidate: Candidate, identity: Candidate, expr: Scope) -> Candidat
 
 def oversized(kernels: list[Kernel], expr: Scope) -> bool:
     """Whether a kernel's output or a stage inside it (a nested scope, materialised) is over
-    ``INTERMEDIATE_FACTOR`` times the largest tensor of ``expr``."""
+    ``INTERMEDIATE_FACTOR`` times the largest tensor of ``expr`` and over ``SMALL_TEMPORARY``."""
     largest = max([math.prod(expr.shape), *(math.prod(s) for s in tensor_shapes(expr).values())])
+    limit = max(INTERMEDIATE_FACTOR * largest, SMALL_TEMPORARY)
     scopes = [scope for k in kernels for scope in (k.expr, *nested_scopes(k.expr))]
-    return any(math.prod(scope.shape) > INTERMEDIATE_FACTOR * largest for scope in scopes)
+    return any(math.prod(scope.shape) > limit for scope in scopes)
 
 
 def diverse(ranked: list[Candidate]) -> list[Candidate]:
