@@ -1,7 +1,8 @@
 """Search statistics of ``explore`` on the public cases at depths 1..7 (issue: derivation engine).
 
 Each (case, depth) runs in a fresh subprocess so its peak memory (max RSS) is its own. Writes
-``bench/results/search_stats.json`` and prints a table beside OLLIE's figures (DESIGN.md).
+``bench/results/search_stats.json`` and prints a table beside OLLIE's figures at depth 7
+(DESIGN.md) with the ratios of ours to them, and the e-graph's share of the search time.
 
     python3 bench/search_stats.py [--depths 1-7] [--time-limit 300] [--cases conv3x3,...] [--no-egraph]
 """
@@ -66,7 +67,8 @@ def main() -> None:
     depths = range(int(lo), int(hi or lo) + 1)
     rows = []
     print(
-        f"{'case':<14}{'depth':>6}{'states':>9}{'hits':>9}{'enodes':>9}{'seconds':>9}{'peak MiB':>10}  stop   (OLLIE at depth 7: states, s)"
+        f"{'case':<14}{'depth':>6}{'states':>9}{'hits':>9}{'enodes':>9}{'seconds':>9}{'egraph':>7}{'peak MiB':>10}"
+        f"  stop   {'OLLIE d7 states':>15}{'s':>7}{'states/OLLIE':>13}{'s/OLLIE':>9}"
     )
     for case in args.cases.split(","):
         for depth in depths:
@@ -76,10 +78,14 @@ def main() -> None:
             out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
             row = json.loads(out.strip().splitlines()[-1])
             rows.append(row)
-            ollie = OLLIE.get(case, ("-", "-"))
+            ollie_states, ollie_s = OLLIE[case]
+            row["states_per_ollie"] = round(row["states"] / ollie_states, 4)
+            row["seconds_per_ollie"] = round(row["seconds"] / ollie_s, 3)
+            share = row["egraph_s"] / row["seconds"] if row["seconds"] else 0.0
             print(
                 f"{case:<14}{depth:>6}{row['states']:>9}{row['fingerprint_hits']:>9}{row['enodes']:>9}"
-                f"{row['seconds']:>9.2f}{row['peak_mib']:>10.0f}  {row['stop']:<6} ({ollie[0]}, {ollie[1]})",
+                f"{row['seconds']:>9.2f}{share:>7.0%}{row['peak_mib']:>10.0f}  {row['stop']:<6} {ollie_states:>15}"
+                f"{ollie_s:>7}{row['states_per_ollie']:>13.3f}{row['seconds_per_ollie']:>9.2f}",
                 flush=True,
             )
             if row["stop"] == "time":

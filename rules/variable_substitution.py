@@ -227,7 +227,11 @@ def split_summation_iterators(scope: Scope):
     sums only and islpy checks that f reads padding there (a kernel offset past the kernel's
     edge). The split iterators are kernel offsets, read beside a traversal iterator (``h+r``),
     and all offsets of one size split together: Conv5x5's r, s -> 3*ro + ri, 3*so + si is the
-    step toward a Conv3x3 over four shifted kernels (SRCNN in OLLIE's evaluation).
+    step toward a Conv3x3 over four shifted kernels (SRCNN in OLLIE's evaluation). Splits that
+    make more work than they save are not proposed: a split adds at most a fifth more offsets
+    (5 -> 2*3, not 3 -> 2*2, a third more work), and the inner kernel is at least as large as
+    the number of its shifted copies (5 -> 2*3, not 5 -> 3*2). Splitting every 3x3 convolution
+    multiplied the states of a depth-4 search by 23.
     """
     if scope.reduce != "sum":
         return  # a max over padded zeros is not the max
@@ -236,7 +240,8 @@ def split_summation_iterators(scope: Scope):
         by_size.setdefault(it.size, []).append(it)
     for size, group in by_size.items():
         for k in range(2, size):
-            if -size % k <= 1:  # at most one padded offset per outer value
+            padded = -size % k  # offsets past the kernel: k * ceil(size / k) - size
+            if padded <= 1 and 5 * padded <= size and k >= -(-size // k):
                 split = _split_summation(scope, group, k)
                 if split is not None:
                     yield split

@@ -303,7 +303,7 @@ def test_invalid_expression_is_still_refused_before_any_rule():
 
 
 def test_rules_keep_values_on_a_padding_heavy_case():
-    e = parse("L h:-2..6 ; S r:3 ; { L t:-1..8 ; A[t] * 2 }[h+r-1] * B[r]", {"A": (5,), "B": (3,)})
+    e = parse("L h:-2..6 ; S r:5 ; { L t:-1..8 ; A[t] * 2 }[h+r-1] * B[r]", {"A": (5,), "B": (5,)})
     fired = {name for name, rule_ in RULES.items() if assert_sound(rule_, e)}
     # the rules about padding all have something to do here
     assert {"boundary tightening", "boundary relaxing", "summation iterator splitting"} <= fired

@@ -549,11 +549,16 @@ def format_scalar(body: Scalar) -> str:
 
 
 def format_scope(scope: Scope) -> str:
-    parts = ["L " + ", ".join(map(str, scope.traversal)) if scope.traversal else "L"]
-    if scope.summation:
-        parts.append(REDUCTIONS[scope.reduce] + " " + ", ".join(map(str, scope.summation)))
-    parts.append(format_scalar(scope.body))
-    return " ; ".join(parts)
+    """The paper's notation of a scope, written once per scope (fingerprints compare texts)."""
+    text = scope.__dict__.get("_text")
+    if text is None:
+        parts = ["L " + ", ".join(map(str, scope.traversal)) if scope.traversal else "L"]
+        if scope.summation:
+            parts.append(REDUCTIONS[scope.reduce] + " " + ", ".join(map(str, scope.summation)))
+        parts.append(format_scalar(scope.body))
+        text = " ; ".join(parts)
+        object.__setattr__(scope, "_text", text)
+    return text
 
 
 def format_program(program: Program) -> str:

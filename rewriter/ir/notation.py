@@ -48,12 +48,18 @@ PRECEDENCE = {"+": ADD, "-": ADD, "*": MUL, "/": MUL, "%": MUL}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
 
 
+_CHECKED: set[str] = set()  # names already accepted: IR nodes are built by the million in a search
+
+
 def check_name(kind: str, name: object) -> None:
     """Refuse a tensor or iterator name that is no identifier or a reserved word."""
+    if type(name) is str and name in _CHECKED:
+        return
     if not isinstance(name, str) or not _IDENTIFIER.match(name):
         raise ExpressionError(f"{kind} name {name!r} is not an identifier")
     if name in KEYWORDS or name in UNARY_FUNCTIONS or name in BINARY_FUNCTIONS:
         raise ExpressionError(f"{kind} name {name!r} is a reserved word of the notation")
+    _CHECKED.add(name)
 
 
 def as_int(value: object, what: str) -> int:
