@@ -304,7 +304,8 @@ def _derive(state: State, position, scope, result, rule_, eager, graph, current,
     child = State(closed, state.path + tuple(steps + eager_steps), fingerprint(closed))
     if graph is not None:
         tick = time.perf_counter()
-        graph.union(canonical(scope), canonical(result))
-        graph.union(canonical(state.expr), canonical(closed))
+        if position:  # the rewritten sub-scope: every state that holds it shares it by congruence
+            graph.union(canonical(scope), canonical(result))
+        graph.union(canonical(state.expr), canonical(closed))  # at the root, the result after eager rules
         current.rebuild_s += time.perf_counter() - tick
     return child
