@@ -460,7 +460,7 @@ TARGETS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", TARGETS)
 def test_derive_with_its_defaults_reaches_the_target_form(name):
-    """Minutes each: the search runs until the time limit (depth 7 does not finish here), and
+    """Minutes each: most searches run until the time limit (depth 7 does not finish here), and
     every level's states are verified and measured as they come (anytime)."""
     expr, target = TARGETS[name]
     derivation = derive(expr)
