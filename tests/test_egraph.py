@@ -9,7 +9,7 @@ from hypothesis import given, settings
 
 from rewriter import ExpressionError, Iterator, Lit, Num, Scope, Tensor, Var, parse
 from rewriter.egraph import CONSTRUCTORS, ExpressionGraph, IndexTerm, ScalarTerm, adapter, eager_rules
-from rewriter.egraph.language import SCOPE, Fold, text_app, text_lit
+from rewriter.egraph.language import SCOPE, SHARED, Fold, text_app, text_lit
 from rewriter.ir import Binary, IndexNeg, IndexOp
 from rewriter.testing.strategies import expressions
 
@@ -285,3 +285,19 @@ def test_a_missing_internal_is_named():
 
     with pytest.raises(adapter.EgglogChanged, match=r"EGraph\._egraph"):
         adapter.bindings_egraph(Changed())  # type: ignore[arg-type]
+
+
+def test_lists_are_written_once_and_then_by_handle():
+    shapes = {"T": (4, 3), "U": (3, 4)}
+    a, b = parse("L i:4, j:3 ; T[i, j] * U[j, i]", shapes), parse("L i:4, j:3 ; T[i, j] + U[j, i]", shapes)
+    writer = Fold(text_app, text_lit, shared=SHARED)
+    writer(SCOPE, a)
+    assert [d[1] for d in writer.take_definitions()] == [a.traversal, a.body.lhs.indices, a.body.rhs.indices]
+    text = writer(SCOPE, b)
+    assert writer.take_definitions() == [] and "ItCons" not in text and "(IxRef 1)" in text
+    graph = ExpressionGraph()
+    graph.add(a)
+    graph.add(b)
+    assert graph.lookup(b) is not None and not graph.equivalent(a, b)
+    assert graph.extract(a) == a and graph.extract(b) == b
+    assert graph.size() == (20, 20)  # b adds its MkScope and Binary only; handles are no terms

@@ -179,6 +179,17 @@ def test_figure6_variable_substitution_e2_to_e3_and_merging_e4_to_e5():
     assert assert_sound(RULES["traversal merging"], e4) == 1
 
 
+def test_traversal_merging_reads_outside_the_inner_box_only_where_it_is_padding():
+    """Reads that leave the inner box merge when the inner read is padding there (isl proves it),
+    and not when a point outside the box reads data (a sampled witness shows it)."""
+    padded = parse("L i:6 ; { L j:2..6 ; A[j-2] }[i]", {"A": (4,)})
+    (merged,) = RULES["traversal merging"].apply(padded)
+    assert str(merged) == "L i:6 ; A[i-2]"
+    assert assert_sound(RULES["traversal merging"], padded) == 1
+    for data in ("L i:6 ; { L j:2..6 ; A[j] }[i]", "L i:6, k:3 ; { L j:2..6, m:3 ; A[j-m] }[i, k]"):
+        assert RULES["traversal merging"].apply(parse(data, {"A": (6,)})) == []
+
+
 def test_boundary_tightening_and_relaxing_on_t1_t2():
     e5 = parse(
         "L n:1, h:7, w:7, f:8 ; S r:3, s:3 ; { L r:3, s:3, n:1, f:8, t:9, t1:9 ; S c:8 ; "

@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 from rewriter.ir import Access, ExpressionError, Scope, Tensor, replace_reads, tensor_shapes
 
 from .graph import ExpressionGraph
-from .language import CONSTRUCTORS, INDEX_LIST, ITER_LIST, REF, Constructor, Reader
+from .language import CONSTRUCTORS, HANDLES, INDEX_LIST, ITER_LIST, REF, Constructor, Reader
 
 ACCESS, NESTED, MKSCOPE = CONSTRUCTORS["Access"], CONSTRUCTORS["Nested"], CONSTRUCTORS["MkScope"]
 
@@ -46,7 +46,7 @@ class _SerialisedGraph:
         for key, node in nodes.items():
             if node["op"] == REF.name:  # a handle, not a term: it names its e-class
                 refs[json.loads(nodes[node["children"][0]]["op"])] = node["eclass"]
-            elif not node.get("subsumed"):
+            elif node["op"] not in HANDLES and not node.get("subsumed"):
                 self.members[node["eclass"]].append(key)
         self.class_of_handle = refs
         self.size = self._sizes()

@@ -3,7 +3,10 @@
 
 Scopes go in as egglog text written from the language table (``language.Fold``), one command per
 call through the low-level bindings e-graph (batching measured slower: egglog costs more per
-command as a call holds more). Rules written in Python over the term classes
+command as a call holds more). Iterator lists and index lists are written once, each unioned
+with a handle (``(ItRef N)``, ``(IxRef N)``, sent in the command that first uses it), and then as
+that handle: egglog's cost grows with the nodes a command writes, even when it holds them already.
+Rules written in Python over the term classes
 (``eager_rules``, pattern rules of ``rewriter.search.dsl``) are registered on the egglog-python
 ``EGraph`` around it (``graph.egraph``) and run natively on the same e-graph (``adapter``).
 
@@ -28,6 +31,7 @@ from . import adapter
 from .language import (
     CONSTRUCTORS,
     SCOPE,
+    SHARED,
     TERMS,
     Fold,
     IndexTerm,
@@ -132,7 +136,7 @@ class ExpressionGraph:
         adapter.declare(self.egraph, (row.term for row in CONSTRUCTORS.values()))
         self._handles: dict[Scope, int] = {}  # scope -> handle of its e-class (scopes may share one)
         self._refs = 0  # handles given out: 0 .. _refs-1
-        self._text = Fold(text_app, text_lit, self._handles)
+        self._text = Fold(text_app, text_lit, self._handles, shared=SHARED)
         self._lookup = Fold(self._node, self._literal, self._handles, memo=False)  # IR -> e-class id
         self._literals: dict[tuple[type, Any], bindings.Value] = {}
         self.stats = GraphStats()
@@ -148,7 +152,14 @@ class ExpressionGraph:
         if not isinstance(scope, Scope):
             raise ExpressionError(f"expected a Scope or a handle of this graph, got {scope!r}")
         start = time.perf_counter()
-        self._insert(f"(union {self._text.ref(handle)} {self._text(SCOPE, scope)})", start)
+        text = self._text(SCOPE, scope)
+        definitions = self._text.take_definitions()
+        lists = "".join(f"(union {ref} {fold})" for _, _, ref, fold in definitions)
+        try:
+            self._insert(f"{lists}(union {self._text.ref(handle)} {text})", start)
+        except ExpressionError:
+            self._text.forget(definitions)
+            raise
         self._handles[scope] = handle
         self._refs = max(self._refs, handle + 1)
         self.stats.terms_added += 1

@@ -6,8 +6,10 @@ node it stands for and its arguments (IR field -> sort or primitive). The table 
     sort Index      (IVar String) (ILit i64) (IAdd Index Index) (ISub Index Index)
                     (IMul Index Index) (IDiv Index Index) (IMod Index Index) (INeg Index)
     sort IndexList  (IxNil) (IxCons Index IndexList)
+                    (IxRef i64)                               ; no IR node: a list written once
     sort Iter       (It String i64 i64)                       ; name, lo, hi
     sort IterList   (ItNil) (ItCons Iter IterList)
+                    (ItRef i64)                               ; no IR node: a list written once
     sort Tensor     (Input String String) (Nested Scope)      ; name, shape "1x7x7x512"
     sort Scalar     (Num f64) (Access Tensor IndexList) (Unary String Scalar)
                     (Binary String Scalar Scalar)             ; op: + - * / max
@@ -23,7 +25,11 @@ Everything else follows from the rows:
 * ``Reader``: the IR of egglog terms, from an extracted TermDag (``read_termdag``) or, in
   ``rewriter.egraph.extract``, from the serialised e-graph.
 
-A row without an IR node (``Ref``) is unextractable: nothing could read it back. The Scope
+A row without an IR node (``Ref``, ``IxRef``, ``ItRef``) is a handle: unextractable, since
+nothing could read it back. ``ExpressionGraph`` writes each index list and iterator list once,
+unioned with ``(IxRef N)`` or ``(ItRef N)``, and then as that handle: a derivation state repeats
+the lists of the states before it, and egglog's cost per command grows with the nodes written
+(about 6 us each, beside about 18 us per command). The Scope
 constructor is ``MkScope`` because egglog refuses a constructor named like a sort. ``IDiv`` and
 ``IMod`` take an Index divisor: the IR allows any constant index there (``i/(1+1)``).
 """
@@ -134,6 +140,7 @@ class Sort:
         self.holds_scopes = True  # whether its terms may contain a Scope (set by _index)
         self.nil: Constructor | None = None  # a cons list's rows, for a sort whose IR values are tuples
         self.cons: Constructor | None = None
+        self.handle: Constructor | None = None  # a row without an IR node that names an e-class
         # IR class -> (None, its row) or (key, rows by key(value)); a cons list's are nil and cons
         self.writers: dict[type, tuple[Callable | None, Any]] = {}
         self.term_class: Any = None  # the egglog-python class (set below the table)
@@ -142,9 +149,11 @@ class Sort:
         self.rows[row.name] = row
         if row.ir is tuple:
             self.nil, self.cons = (self.nil, row) if row.fields else (row, self.cons)
-        elif row.ir is not None and row.key is None:
+        elif row.ir is None:
+            self.handle = row
+        elif row.key is None:
             self.writers[row.ir] = (None, row)
-        elif row.ir is not None:
+        else:
             self.writers.setdefault(row.ir, (row.key, {}))[1][row.key_value] = row
 
     def row_of(self, value: Any) -> Constructor:
@@ -239,9 +248,11 @@ _TABLE = (
     _C("INeg",    INDEX,      "neg",    IndexNeg, {"arg": INDEX}),
     _C("IxNil",   INDEX_LIST, "nil",    tuple,    {}),
     _C("IxCons",  INDEX_LIST, "cons",   tuple,    {"head": INDEX, "tail": INDEX_LIST}),
+    _C("IxRef",   INDEX_LIST, "ref",    None,     {"handle": I64}),
     _C("It",      ITER,       "make",   Iterator, {"name": STRING, "lo": I64, "hi": I64}),
     _C("ItNil",   ITER_LIST,  "nil",    tuple,    {}),
     _C("ItCons",  ITER_LIST,  "cons",   tuple,    {"head": ITER, "tail": ITER_LIST}),
+    _C("ItRef",   ITER_LIST,  "ref",    None,     {"handle": I64}),
     _C("Input",   TENSOR,     "input",  Tensor,   {"name": STRING, "shape": SHAPE}),
     _C("Nested",  TENSOR,     "nested", Scope,    {None: SCOPE}),
     _C("Num",     SCALAR,     "num",    Num,      {"value": F64}),
@@ -258,6 +269,8 @@ CONSTRUCTORS: dict[str, Constructor] = {row.name: row for row in _TABLE}
 REF = CONSTRUCTORS["Ref"]  # ExpressionGraph's handles: (Ref N) is unioned with the N-th scope added
 _HANDLED = REF.sort
 TERMS = frozenset(name for name, row in CONSTRUCTORS.items() if row.ir is not None)  # what e-graph sizes count
+HANDLES = frozenset(CONSTRUCTORS) - TERMS  # rows that name an e-class and are no term of it
+SHARED = (INDEX_LIST, ITER_LIST)  # sorts whose values ExpressionGraph writes once, then by handle
 
 
 def _index() -> None:
@@ -320,17 +333,35 @@ class Fold:
     constructor, ``lit(primitive, IR value)`` for each literal; ``fold(sort, value)``. A nested
     scope found in ``handles`` (scope -> N) folds as ``(Ref N)``. With ``memo``, folds of values
     that hold no scope are kept for the fold's lifetime (an index's text never changes, and the
-    same indices recur in every derivation state; an e-class id is only good until egglog rebuilds)."""
+    same indices recur in every derivation state; an e-class id is only good until egglog rebuilds).
 
-    def __init__(self, app: Callable[[str, list], Any], lit: Callable[[Primitive, Any], Any], handles=None, memo=True):
+    ``shared`` sorts (with memo) fold each value once: its first fold is queued in
+    ``definitions`` as ``(sort's handle row N, fold)``, and every fold of it, the first too, is
+    the handle ``N``. Whoever sends the folds sends the definitions first (``take_definitions``)."""
+
+    def __init__(
+        self,
+        app: Callable[[str, list], Any],
+        lit: Callable[[Primitive, Any], Any],
+        handles=None,
+        memo=True,
+        shared: Sequence[Sort] = (),
+    ):
         self.app = app
         self.handles: dict[Scope, int] = {} if handles is None else handles
+        self.definitions: list[tuple[Sort, Any, Any, Any]] = []  # (sort, value, handle fold, fold)
+        self._memos: dict[Sort, _Memo] = {}
+        self._defined = 0  # handles given out; never reused, even when a definition is forgotten
         # kind -> its folding function; a memoised sort's is the memo's __getitem__ (no Python
         # call on a hit: the writer meets each iterator list and index list many times)
         self._folds: dict[Kind, Callable[[Any], Any]] = {}
         for sort in SORTS:
-            fold = partial(self._fold, sort)
-            self._folds[sort] = fold if sort.holds_scopes or not memo else _Memo(fold).__getitem__
+            fold = partial(self._define if sort in shared else self._fold, sort)
+            if sort.holds_scopes or not memo:
+                self._folds[sort] = fold
+            else:
+                self._memos[sort] = _Memo(fold)
+                self._folds[sort] = self._memos[sort].__getitem__
         for row in _TABLE:
             for _, kind, term in row.arguments:
                 if not term:
@@ -356,6 +387,26 @@ class Fold:
     def ref(self, handle: int) -> Any:
         """The fold of handle ``(Ref N)``."""
         return self.app(REF.name, [self._folds[I64](handle)])
+
+    def _define(self, sort: Sort, value: Any) -> Any:
+        if not value:  # an empty list is one node already
+            return self._fold(sort, value)
+        handle = self.app(sort.handle.name, [self._folds[I64](self._defined)])  # type: ignore[union-attr]
+        self._defined += 1
+        self.definitions.append((sort, value, handle, self._fold(sort, value)))
+        return handle
+
+    def take_definitions(self) -> list[tuple[Sort, Any, Any, Any]]:
+        """The definitions ``(sort, value, handle fold, fold)`` queued since the last call, to be
+        sent before the folds that use them."""
+        taken, self.definitions = self.definitions, []
+        return taken
+
+    def forget(self, definitions: Sequence[tuple[Sort, Any, Any, Any]]) -> None:
+        """Undo ``take_definitions`` when they were not sent: those values are defined afresh,
+        under new handles, the next time they are folded."""
+        for sort, value, _, _ in definitions:
+            self._memos[sort].pop(value, None)
 
 
 class _Memo(dict):

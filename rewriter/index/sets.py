@@ -40,6 +40,7 @@ from .algebra import (
     as_ranges,
     divide_form,
     form_bounds,
+    index_bounds,
     modulo_form,
     normalize,
     simplify_form,
@@ -318,8 +319,8 @@ def padding_support(scope: Scope) -> dict[str, tuple[int, int]]:
 def _padding_support(scope: Scope) -> tuple:
     traversal = box(scope.traversal)
     rename = _positional({it.name: None for it in scope.iterators})
-    condition = _support_condition(scope.body, rename)
-    if condition is None:
+    condition = _support_condition(scope.body, rename, {it.name: (it.lo, it.hi) for it in scope.iterators})
+    if condition is None:  # non-zero anywhere in its box: no isl needed
         return tuple(traversal.items())
     dims = ", ".join(rename[it.name] for it in scope.traversal)
     summed = ", ".join(rename[it.name] for it in scope.summation)
@@ -345,7 +346,7 @@ def vanishes_outside(body: Scalar, box: Sequence[Iterator], ix: Index, lo: int, 
     This is what makes growing a summation range sound: the added points must add nothing.
     """
     rename = _positional({it.name: None for it in box})
-    condition = _support_condition(body, rename)
+    condition = _support_condition(body, rename, {it.name: (it.lo, it.hi) for it in box})
     if condition is None:
         return False
     dims = ", ".join(rename[it.name] for it in box)
@@ -354,8 +355,18 @@ def vanishes_outside(body: Scalar, box: Sequence[Iterator], ix: Index, lo: int, 
     return isl.Set(f"{{ [{dims}] : {isl_box(box, rename)} and {condition} and {outside} }}").is_empty()
 
 
-def _support_condition(body: Scalar, rename: Mapping[str, str]) -> str | None:
-    """Where the body may be non-zero, as an isl condition; None means anywhere.
+def _stays_within(ix: Index, lo: int, hi: int, box: Mapping[str, tuple[int, int]]) -> bool:
+    """Whether ``ix`` lies in [lo, hi) on the whole (non-empty) box; False when unsure."""
+    if any(b_lo >= b_hi for b_lo, b_hi in box.values()) or not index_vars(ix) <= box.keys():
+        return False
+    reach_lo, reach_hi = index_bounds(ix, box)
+    return lo <= reach_lo and reach_hi < hi
+
+
+def _support_condition(body: Scalar, rename: Mapping[str, str], box: Mapping[str, tuple[int, int]]) -> str | None:
+    """Where the body may be non-zero in ``box`` (iterator ranges), as an isl condition; None
+    means anywhere. A read whose index stays inside its source's bounds on the whole box adds no
+    constraint (isl's parser costs about 40 us per constraint, and most reads are such).
 
     An access is non-zero only inside its source (a nested scope: inside its own padding
     support); ``*`` intersects, ``+ - max min less greater`` unite, ``neg relu tanh sqrt erf abs
@@ -364,20 +375,26 @@ def _support_condition(body: Scalar, rename: Mapping[str, str]) -> str | None:
     """
     match body:
         case Access(source, indices):
-            parts = [f"{lo} <= {isl_index(ix, rename)} < {hi}" for ix, (lo, hi) in zip(indices, read_bounds(source))]
+            parts = [
+                f"{lo} <= {isl_index(ix, rename)} < {hi}"
+                for ix, (lo, hi) in zip(indices, read_bounds(source))
+                if not _stays_within(ix, lo, hi, box)
+            ]
             return "(" + " and ".join(parts) + ")" if parts else None
         case Num(value):
             return "false" if value == 0 else None
         case Unary("neg" | "relu" | "tanh" | "sqrt" | "erf" | "abs" | "floor" | "ceil", arg):
-            return _support_condition(arg, rename)
+            return _support_condition(arg, rename, box)
         case Binary("pow", lhs, Num(value)) if value > 0:
-            return _support_condition(lhs, rename)
+            return _support_condition(lhs, rename, box)
         case Binary("/", lhs, Num(value)) if value != 0:
-            return _support_condition(lhs, rename)
+            return _support_condition(lhs, rename, box)
         case Binary("*", lhs, rhs):
-            parts = [p for p in (_support_condition(lhs, rename), _support_condition(rhs, rename)) if p is not None]
+            parts = [
+                p for p in (_support_condition(lhs, rename, box), _support_condition(rhs, rename, box)) if p is not None
+            ]
             return "(" + " and ".join(parts) + ")" if parts else None
         case Binary("+" | "-" | "max" | "min" | "less" | "greater", lhs, rhs):  # f(0, 0) = 0
-            a, b = _support_condition(lhs, rename), _support_condition(rhs, rename)
+            a, b = _support_condition(lhs, rename, box), _support_condition(rhs, rename, box)
             return None if a is None or b is None else f"({a} or {b})"
     return None  # exp, sigmoid, division by an expression: may be non-zero anywhere

@@ -97,9 +97,13 @@ class SearchStats:
         return total
 
     def table(self) -> str:
-        head = f"{'depth':>5} {'new':>7} {'hits':>7} {'enodes':>8} {'match s':>8} {'apply s':>8} {'egraph s':>8}"
+        head = (
+            f"{'depth':>5} {'new':>7} {'hits':>7} {'enodes':>8} {'eclasses':>8}"
+            f" {'match s':>8} {'apply s':>8} {'egraph s':>8}"
+        )
         rows = [
-            f"{r.depth:>5} {r.new_states:>7} {r.fingerprint_hits:>7} {r.enodes:>8} {r.match_s:>8.3f} {r.apply_s:>8.3f} {r.rebuild_s:>8.3f}"
+            f"{r.depth:>5} {r.new_states:>7} {r.fingerprint_hits:>7} {r.enodes:>8} {r.eclasses or 0:>8}"
+            f" {r.match_s:>8.3f} {r.apply_s:>8.3f} {r.rebuild_s:>8.3f}"
             for r in self.rounds
         ]
         return "\n".join([head, *rows, f"stop: {self.stop_reason}, {self.states} states, {self.seconds:.2f} s"])
@@ -306,6 +310,7 @@ def _derive(state: State, position, scope, result, rule_, eager, graph, current,
         tick = time.perf_counter()
         if position:  # the rewritten sub-scope: every state that holds it shares it by congruence
             graph.union(canonical(scope), canonical(result))
-        graph.union(canonical(state.expr), canonical(closed))  # at the root, the result after eager rules
+        if eager_steps or not position:  # else the new state is in the e-graph by congruence already
+            graph.union(canonical(state.expr), canonical(closed))  # at the root, the result after eager rules
         current.rebuild_s += time.perf_counter() - tick
     return child

@@ -92,7 +92,13 @@ def _signature(scope: Scope, it: Iterator) -> tuple:
 
 
 def _canonical_index(ix: Index, renaming: dict[str, str]) -> Index:
-    return to_index(normalize(substitute_index(ix, {k: Var(v) for k, v in renaming.items()})))
+    return _renamed_normal_form(ix, tuple(renaming.items()))
+
+
+@lru_cache(maxsize=1 << 16)
+def _renamed_normal_form(ix: Index, renaming: tuple[tuple[str, str], ...]) -> Index:
+    # cached: every state repeats the indices of the one it came from, under the same renaming
+    return to_index(normalize(substitute_index(ix, {k: Var(v) for k, v in renaming})))
 
 
 def _canonical_body(body: Scalar, renaming: dict[str, str]) -> Scalar:
