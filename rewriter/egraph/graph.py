@@ -1,26 +1,35 @@
 """The e-graph of scopes (``ExpressionGraph``) and the native simplifications it runs by default
 (``eager_rules``).
 
-Scopes go in as egglog text written from the language table (``language.Fold``), one command per
-call through the low-level bindings e-graph (batching measured slower: egglog costs more per
-command as a call holds more). Iterator lists and index lists are written once, each unioned
-with a handle (``(ItRef N)``, ``(IxRef N)``, sent in the command that first uses it), and then as
-that handle: egglog's cost grows with the nodes a command writes, even when it holds them already.
-Rules written in Python over the term classes
+Scopes go in as egglog text written from the language table (``language.Fold``), through the
+low-level bindings e-graph. Iterator lists and index lists are written once, each unioned with a
+handle (``(ItRef N)``, ``(IxRef N)``, sent in the command that first uses it), and then as that
+handle: egglog's cost grows with the nodes a command writes, even when it holds them already.
+
+egglog runs on its own thread (``_serve``, one per process): its e-graph may be used, and
+dropped, only on the thread that made it, and its commands release the GIL. Inserts are queued
+and sent up to ``BATCH`` to a call while the search goes on, on the machine's other core; every
+query waits for the inserts queued before it. egglog-python objects stay on that thread: reach
+them with ``graph.on_egglog(fn)``. Rules written in Python over the term classes
 (``eager_rules``, pattern rules of ``rewriter.search.dsl``) are registered on the egglog-python
-``EGraph`` around it (``graph.egraph``) and run natively on the same e-graph (``adapter``).
+``EGraph`` there and run natively on the same e-graph (``adapter``).
 
 ``eager_rules``: cheap, always-safe simplifications (index constant folding, ``x+0``, ``1*x``,
 ``0*x``, ``x*1.0``, ``x+0.0``). Deliberately no associativity or commutativity: those blow the
-e-graph up.
-"""
+e-graph up."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import queue
+import sys
+import threading
 import time
+import weakref
 from dataclasses import dataclass, fields
-from typing import Any, Union
+from functools import partial
+from typing import Any, Callable, Union
 
 from egglog import EGraph, Ruleset, Schedule, bindings, i64, rewrite, ruleset, vars_
 from egglog import run as run_schedule
@@ -102,11 +111,130 @@ class _Missing(Exception):
     """A lookup met a node the e-graph does not hold."""
 
 
+def _detached(err: BaseException) -> BaseException:
+    """``err`` with the tracebacks of its chain dropped: their frames may hold egglog objects."""
+    seen: set[int] = set()
+    link: BaseException | None = err
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return err
+
+
+class _Egglog:
+    """What one ExpressionGraph holds on the egglog thread: egglog-python's ``EGraph``, its
+    bindings e-graph ``raw``, and literals already made there."""
+
+    def __init__(self) -> None:
+        self.egraph = EGraph()
+        self.raw = adapter.bindings_egraph(self.egraph)
+        adapter.declare(self.egraph, (row.term for row in CONSTRUCTORS.values()))
+        self.literals: dict[tuple[type, Any], bindings.Value] = {}
+
+
+_CURRENT: list[_Egglog] = []  # the e-graph of the job running on the egglog thread (read there only)
+
+
+def _current() -> _Egglog:
+    return _CURRENT[0]
+
+
+def _raw() -> bindings.EGraph:
+    return _CURRENT[0].raw
+
+
+BATCH = 64  # queued inserts sent in one call: the egglog thread takes the GIL once per call
+PAUSE = 0.002  # seconds the egglog thread waits for inserts to gather before sending fewer than BATCH
+
+
+def _serve(jobs: queue.SimpleQueue) -> None:
+    """The egglog thread. A job is ``(client, work, reply)``: ``work`` an egglog command to send
+    (queued inserts, sent ``BATCH`` to a call), a function to run (its result goes to ``reply``),
+    or None to release the client's e-graph, which is dropped here once nothing else holds it
+    (egglog-python leaves reference cycles behind: whichever thread collects them must not be
+    the one that drops the e-graph). Checked after every job."""
+    graphs: dict[int, _Egglog] = {}
+    released: list[bindings.EGraph] = []
+    _CURRENT.append(None)  # type: ignore[arg-type]
+    waiting = None
+    while True:
+        client, work, reply = waiting or jobs.get()
+        waiting = None
+        if work is None:
+            released.append(graphs.pop(client.key).raw)
+        else:
+            commands = [work] if isinstance(work, str) else []
+            if commands and 0 < jobs.qsize() < BATCH:
+                time.sleep(PAUSE)  # let inserts gather: each call costs a hand-over of the GIL
+            while commands and len(commands) < BATCH and not jobs.empty():
+                waiting = jobs.get()
+                if waiting[0] is not client or not isinstance(waiting[1], str):
+                    break
+                commands.append(waiting[1])
+                waiting = None
+            try:
+                _CURRENT[0] = graphs[client.key] if client.key in graphs else graphs.setdefault(client.key, _Egglog())
+                result = (True, _send(commands, client.stats) if commands else work())
+            except BaseException as err:  # handed to the caller's thread
+                result = (False, _detached(err))
+            _CURRENT[0] = None  # type: ignore[call-overload]
+            if reply is not None:
+                reply.put(result)
+            elif not result[0]:
+                client.errors.append(result[1])
+            del work, result
+        # a released e-graph still referenced elsewhere (by a cycle not yet collected) waits
+        released[:] = [raw for raw in released if sys.getrefcount(raw) > 3]
+
+
+class _EgglogThread:
+    """One e-graph's jobs on the egglog thread (one per process). egglog's e-graph may be used,
+    and dropped, only on the thread that made it, and its commands release the GIL: so inserts
+    are queued (``post``) and the search goes on while egglog adds them, on the other core. A
+    query (``call``) runs after every job queued before it; an insert egglog refused is raised by
+    the next call. When the ExpressionGraph is collected its e-graph is released."""
+
+    _jobs: queue.SimpleQueue | None = None
+    _started = threading.Lock()
+    _keys = itertools.count()
+
+    def __init__(self, owner: object, stats: GraphStats) -> None:
+        with self._started:
+            if _EgglogThread._jobs is None:
+                _EgglogThread._jobs = queue.SimpleQueue()
+                threading.Thread(target=_serve, args=(_EgglogThread._jobs,), daemon=True, name="egglog").start()
+        self.key = next(self._keys)
+        self.errors: list[BaseException] = []
+        self.stats = stats
+        weakref.finalize(owner, self._jobs.put, (_Client(self.key), None, None))
+        self.call(lambda: None)  # makes the e-graph
+
+    def post(self, command: str) -> None:
+        self._jobs.put((self, command, None))  # type: ignore[union-attr]
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        reply: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs.put((self, partial(fn, *args), reply))  # type: ignore[union-attr]
+        ok, value = reply.get()
+        if self.errors:
+            raise self.errors.pop(0)
+        if not ok:
+            raise value
+        return value
+
+
+@dataclass
+class _Client:
+    key: int  # what a release names: not the handle, which would keep the ExpressionGraph's parts alive
+
+
 @dataclass
 class GraphStats:
     """Time (seconds) and counts at the Python/egglog boundary."""
 
-    insert_seconds: float = 0.0  # text building + sending add/union commands
+    insert_seconds: float = 0.0  # text building + queueing add/union commands (the caller's time)
+    egglog_seconds: float = 0.0  # egglog adding them, on its own thread
     run_seconds: float = 0.0  # rule runs
     extract_seconds: float = 0.0  # extraction + conversion back to the IR
     check_seconds: float = 0.0  # lookups and size queries
@@ -131,15 +259,12 @@ class ExpressionGraph:
     """
 
     def __init__(self) -> None:
-        self.egraph = EGraph()
-        self._raw = adapter.bindings_egraph(self.egraph)
-        adapter.declare(self.egraph, (row.term for row in CONSTRUCTORS.values()))
         self._handles: dict[Scope, int] = {}  # scope -> handle of its e-class (scopes may share one)
         self._refs = 0  # handles given out: 0 .. _refs-1
         self._text = Fold(text_app, text_lit, self._handles, shared=SHARED)
-        self._lookup = Fold(self._node, self._literal, self._handles, memo=False)  # IR -> e-class id
-        self._literals: dict[tuple[type, Any], bindings.Value] = {}
+        self._lookup = Fold(_node, _literal, self._handles, memo=False)  # IR -> e-class id, on the egglog thread
         self.stats = GraphStats()
+        self._egglog = _EgglogThread(self, self.stats)
 
     # -- insertion
     def add(self, scope: Scope) -> int:
@@ -155,11 +280,7 @@ class ExpressionGraph:
         text = self._text(SCOPE, scope)
         definitions = self._text.take_definitions()
         lists = "".join(f"(union {ref} {fold})" for _, _, ref, fold in definitions)
-        try:
-            self._insert(f"{lists}(union {self._text.ref(handle)} {text})", start)
-        except ExpressionError:
-            self._text.forget(definitions)
-            raise
+        self._insert(f"{lists}(union {self._text.ref(handle)} {text})", start)
         self._handles[scope] = handle
         self._refs = max(self._refs, handle + 1)
         self.stats.terms_added += 1
@@ -198,38 +319,47 @@ class ExpressionGraph:
         return self.add(x) if handle is None else handle  # type: ignore[arg-type]
 
     def _insert(self, command: str, start: float) -> None:
-        try:
-            self._raw.run_program(*self._raw.parse_program(command))
-        except bindings.EggSmolError as err:
-            raise ExpressionError(f"egglog refused {command[:300]}: {err}") from err
-        finally:
-            self.stats.insert_seconds += time.perf_counter() - start
-            self.stats.commands_sent += 1
+        self._egglog.post(command)
+        self.stats.commands_sent += 1
+        self.stats.insert_seconds += time.perf_counter() - start
+
+    def on_egglog(self, fn: Callable[[EGraph], Any]) -> Any:
+        """``fn(egraph)`` on the thread that owns the egglog-python ``EGraph``, after every insert
+        queued before; returns what it returns. This is how to reach egglog directly: the
+        ``EGraph``, and what holds it (egglog-python's run reports do), must not leave that thread."""
+        return self._egglog.call(lambda: fn(_current().egraph))
+
+    def wait(self) -> None:
+        """Wait until egglog has added everything sent so far (raising what it refused)."""
+        self._egglog.call(lambda: None)
 
     # -- rules
     def register(self, *rules: Any) -> None:
         """Register egglog-python rules, rewrites or actions on the e-graph."""
-        self.egraph.register(*rules)
+        self.on_egglog(lambda egraph: egraph.register(*rules))
 
-    def run(self, rules: Ruleset | Schedule | str | None = None, iterations: int = 1) -> Any:
+    def run(self, rules: Ruleset | Schedule | str | None = None, iterations: int = 1) -> bool:
         """Run native egglog rules ``iterations`` times: a Ruleset (default: ``eager_rules``), a
         Schedule (``eager_rules.saturate()``), or the egglog name of a ruleset (``""``: egglog's
-        default ruleset, where ``register`` puts rules given without one). Returns egglog's report."""
+        default ruleset, where ``register`` puts rules given without one). Returns whether the rules
+        changed the e-graph (egglog's report stays on egglog's thread: it holds the e-graph)."""
         start = time.perf_counter()
         try:
             if rules is None or isinstance(rules, Ruleset):
-                return self.egraph.run(run_schedule(rules or eager_rules) * iterations)
+                schedule = run_schedule(rules or eager_rules) * iterations
+                return self.on_egglog(lambda egraph: egraph.run(schedule).updated)
             if isinstance(rules, Schedule):
-                return self.egraph.run(rules * iterations if iterations != 1 else rules)
+                schedule = rules * iterations if iterations != 1 else rules
+                return self.on_egglog(lambda egraph: egraph.run(schedule).updated)
             if isinstance(rules, str):
                 (output,) = self._command(f"(run {rules} {iterations})" if rules else f"(run {iterations})")
-                return output.report
+                return output.report.updated
             raise TypeError(f"cannot run {rules!r}: expected a Ruleset, a Schedule or a ruleset name")
         finally:
             self.stats.run_seconds += time.perf_counter() - start
 
     def _command(self, text: str) -> list:
-        return self._raw.run_program(*self._raw.parse_program(text))
+        return self._egglog.call(_run_text, text)
 
     # -- queries
     def size(self, classes: bool = True) -> tuple[int, int | None]:
@@ -241,17 +371,7 @@ class ExpressionGraph:
         start = time.perf_counter()
         (output,) = self._command("(print-size)")
         nodes = sum(n for name, n in output.sizes if name in TERMS)
-        eclasses = None
-        if classes:
-            frozen = self._raw.freeze()
-            outputs = {
-                row.output
-                for name, function in frozen.functions.items()
-                if name in TERMS
-                for row in function.rows
-                if not row.subsumed
-            }
-            eclasses = len(outputs)
+        eclasses = self._egglog.call(_count_classes) if classes else None
         self.stats.check_seconds += time.perf_counter() - start
         return nodes, eclasses
 
@@ -262,8 +382,8 @@ class ExpressionGraph:
         start = time.perf_counter()
         try:
             if isinstance(x, Scope):
-                return self._lookup(SCOPE, x)
-            return self._lookup.ref(self._handle_of(x))
+                return self._egglog.call(self._lookup, SCOPE, x)
+            return self._egglog.call(self._lookup.ref, self._handle_of(x))
         except _Missing:
             return None
         finally:
@@ -280,20 +400,6 @@ class ExpressionGraph:
         ea = self.eclass(a)
         return ea is not None and ea == self.eclass(b)
 
-    def _node(self, name: str, args: list) -> bindings.Value:
-        value = self._raw.lookup_function(name, args)
-        if value is None:
-            raise _Missing
-        return value
-
-    def _literal(self, kind: Primitive, value: Any) -> bindings.Value:
-        value = kind.encode(value)
-        key = (kind.literal, value)
-        cached = self._literals.get(key)
-        if cached is None:
-            cached = self._literals[key] = self._raw.eval_expr(bindings.Lit(_SPAN, kind.literal(value)))[1]
-        return cached
-
     def extract(self, x: ScopeOrHandle, include_cost: bool = False) -> Any:
         """The cheapest scope of ``x``'s e-class (adding ``x`` if it is a new scope) by egglog's
         default cost (1 per constructor and literal, over the tree); with ``include_cost``
@@ -301,13 +407,66 @@ class ExpressionGraph:
         handle = self._handle_of(x)
         start = time.perf_counter()
         try:
-            (output,) = self._command(f"(extract {self._text.ref(handle)})")
-            scope = read_termdag(output.termdag, output.term)
+            scope, cost = self._egglog.call(_extract_text, f"(extract {self._text.ref(handle)})")
         finally:
             self.stats.extract_seconds += time.perf_counter() - start
-        return (scope, output.cost) if include_cost else scope
+        return (scope, cost) if include_cost else scope
 
     def serialize(self) -> dict:
         """The whole e-graph as egglog serialises it: ``{"nodes": {id: {"op", "children",
         "eclass", ...}}, ...}`` (children are node ids; extraction works on their e-classes)."""
-        return json.loads(self._raw.serialize([]).to_json())
+        return json.loads(self._egglog.call(lambda: _raw().serialize([]).to_json()))
+
+
+# --------------------------------------------------------------------------------------------
+# What runs on the egglog thread
+
+
+def _run_text(text: str) -> list:
+    raw = _raw()
+    return raw.run_program(*raw.parse_program(text))
+
+
+def _send(commands: list[str], stats: GraphStats) -> None:
+    start = time.perf_counter()
+    try:
+        _run_text("".join(commands))
+    except bindings.EggSmolError as err:
+        raise ExpressionError(f"egglog refused one of {commands[0][:300]} ...: {err}") from None
+    finally:
+        stats.egglog_seconds += time.perf_counter() - start
+
+
+def _count_classes() -> int:
+    frozen = _raw().freeze()
+    return len(
+        {
+            row.output
+            for name, function in frozen.functions.items()
+            if name in TERMS
+            for row in function.rows
+            if not row.subsumed
+        }
+    )
+
+
+def _extract_text(text: str) -> tuple[Scope, int]:
+    (output,) = _run_text(text)
+    return read_termdag(output.termdag, output.term), output.cost
+
+
+def _node(name: str, args: list) -> bindings.Value:
+    value = _raw().lookup_function(name, args)
+    if value is None:
+        raise _Missing
+    return value
+
+
+def _literal(kind: Primitive, value: Any) -> bindings.Value:
+    value = kind.encode(value)
+    key = (kind.literal, value)
+    literals = _current().literals
+    cached = literals.get(key)
+    if cached is None:
+        cached = literals[key] = _raw().eval_expr(bindings.Lit(_SPAN, kind.literal(value)))[1]
+    return cached

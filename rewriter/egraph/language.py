@@ -351,7 +351,7 @@ class Fold:
         self.handles: dict[Scope, int] = {} if handles is None else handles
         self.definitions: list[tuple[Sort, Any, Any, Any]] = []  # (sort, value, handle fold, fold)
         self._memos: dict[Sort, _Memo] = {}
-        self._defined = 0  # handles given out; never reused, even when a definition is forgotten
+        self._defined = 0  # handles given out
         # kind -> its folding function; a memoised sort's is the memo's __getitem__ (no Python
         # call on a hit: the writer meets each iterator list and index list many times)
         self._folds: dict[Kind, Callable[[Any], Any]] = {}
@@ -401,12 +401,6 @@ class Fold:
         sent before the folds that use them."""
         taken, self.definitions = self.definitions, []
         return taken
-
-    def forget(self, definitions: Sequence[tuple[Sort, Any, Any, Any]]) -> None:
-        """Undo ``take_definitions`` when they were not sent: those values are defined afresh,
-        under new handles, the next time they are folded."""
-        for sort, value, _, _ in definitions:
-            self._memos[sort].pop(value, None)
 
 
 class _Memo(dict):

@@ -10,7 +10,9 @@ limit (the failure OLLIE's DFS has at depth 10).
 
 Every new state is added to the e-graph (``rewriter.egraph``) in canonical form and unioned with
 the scope it was derived from, so congruence shares sub-expressions across derivations and
-extraction can read the result later.
+extraction can read the result later. egglog adds them on its own thread while the search goes
+on; each level ends when egglog has caught up (its native rules run then), so nothing else runs
+beside it once a level is handed over.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class RoundStats:
     applications: Counter = field(default_factory=Counter)
     match_s: float = 0.0  # rules computing their right-hand sides
     apply_s: float = 0.0  # rebuilding states, eager closure, fingerprints
-    rebuild_s: float = 0.0  # e-graph insertion and native rules
+    rebuild_s: float = 0.0  # the search waiting on the e-graph: queueing inserts, native rules, catching up
     enodes: int = 0
     eclasses: int = 0
 
@@ -257,6 +259,8 @@ def explore_levels(
                 current.rebuild_s += time.perf_counter() - tick
         except KeyboardInterrupt:
             stats.stop_reason = "interrupted"
+            if graph is not None:
+                graph.wait()  # egglog's thread ends its inserts before anything else is timed
         if not stats.stop_reason and depth == max_depth:
             stats.stop_reason = "depth"
         exploration.states = list(states.values())
