@@ -304,3 +304,14 @@ def test_lists_are_written_once_and_then_by_handle():
     assert graph.lookup(b) is not None and not graph.equivalent(a, b)
     assert graph.extract(a) == a and graph.extract(b) == b
     assert graph.size() == (20, 20)  # b adds its MkScope and Binary only; handles are no terms
+
+
+def test_inserts_are_queued_and_a_refused_one_is_raised_by_the_next_query():
+    graph = ExpressionGraph()
+    a = scopes()[0]
+    graph.add(a)
+    graph._insert("(union (Ref 0) (NoSuchConstructor))", 0.0)  # what a writer bug would send
+    with pytest.raises(ExpressionError, match="egglog refused"):
+        graph.wait()
+    assert graph.extract(a) == a  # the error is raised once; the graph answers again
+    assert graph.on_egglog(lambda egraph: type(egraph).__name__) == "EGraph"

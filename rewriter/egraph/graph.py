@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import queue
 import sys
 import threading
@@ -144,7 +145,7 @@ def _raw() -> bindings.EGraph:
     return _CURRENT[0].raw
 
 
-BATCH = 64  # queued inserts sent in one call: the egglog thread takes the GIL once per call
+BATCH = 8  # queued inserts sent in one call: each call takes the GIL; egglog's memory grows faster than the batch (64: 4x the peak)
 PAUSE = 0.002  # seconds the egglog thread waits for inserts to gather before sending fewer than BATCH
 
 
@@ -195,15 +196,17 @@ class _EgglogThread:
     query (``call``) runs after every job queued before it; an insert egglog refused is raised by
     the next call. When the ExpressionGraph is collected its e-graph is released."""
 
-    _jobs: queue.SimpleQueue | None = None
+    _queues: dict[int, queue.SimpleQueue] = {}  # process id -> its egglog thread's jobs (a fork has none)
     _started = threading.Lock()
     _keys = itertools.count()
 
     def __init__(self, owner: object, stats: GraphStats) -> None:
+        self._pid = os.getpid()
         with self._started:
-            if _EgglogThread._jobs is None:
-                _EgglogThread._jobs = queue.SimpleQueue()
-                threading.Thread(target=_serve, args=(_EgglogThread._jobs,), daemon=True, name="egglog").start()
+            if self._pid not in self._queues:
+                self._queues[self._pid] = queue.SimpleQueue()
+                threading.Thread(target=_serve, args=(self._queues[self._pid],), daemon=True, name="egglog").start()
+        self._jobs = self._queues[self._pid]
         self.key = next(self._keys)
         self.errors: list[BaseException] = []
         self.stats = stats
@@ -211,17 +214,25 @@ class _EgglogThread:
         self.call(lambda: None)  # makes the e-graph
 
     def post(self, command: str) -> None:
-        self._jobs.put((self, command, None))  # type: ignore[union-attr]
+        self._here()
+        self._jobs.put((self, command, None))
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self._here()
         reply: queue.SimpleQueue = queue.SimpleQueue()
-        self._jobs.put((self, partial(fn, *args), reply))  # type: ignore[union-attr]
+        self._jobs.put((self, partial(fn, *args), reply))
         ok, value = reply.get()
         if self.errors:
             raise self.errors.pop(0)
         if not ok:
             raise value
         return value
+
+    def _here(self) -> None:
+        if os.getpid() != self._pid:  # its egglog thread stayed in the parent
+            raise ExpressionError(
+                "an ExpressionGraph cannot be used in a process forked after it was made (egglog does not survive a fork: use the spawn start method)"
+            )
 
 
 @dataclass
