@@ -1,7 +1,7 @@
 """Index simplification (an eager clean-up; OLLIE 4.2 relies on it after every substitution)."""
 
 from rewriter.index import simplify
-from rewriter.ir import Access, Scope, map_accesses
+from rewriter.ir import Access, Scope, accesses, map_accesses
 from rewriter.search.dsl import rule
 
 
@@ -15,6 +15,7 @@ def simplify_indices(scope: Scope):
     leave such indices behind and the fingerprints read better without them.
     """
     ranges = scope.box
-    body = map_accesses(scope.body, lambda a: Access(a.source, tuple(simplify(ix, ranges) for ix in a.indices)))
-    if body != scope.body:
-        yield scope.with_body(body)
+    simpler = {ix: simplify(ix, ranges) for access in accesses(scope.body) for ix in access.indices}
+    if all(new == ix for ix, new in simpler.items()):
+        return  # most scopes are simple already: build nothing
+    yield scope.with_body(map_accesses(scope.body, lambda a: Access(a.source, tuple(simpler[ix] for ix in a.indices))))

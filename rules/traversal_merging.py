@@ -1,5 +1,7 @@
 """Traversal merging (OLLIE section 4.2, Table 1)."""
 
+from functools import lru_cache
+
 import numpy as np
 
 from rewriter.index import index_bounds, padding_support, read_bounds
@@ -25,7 +27,7 @@ def merge_traversal(scope: Scope):
         inner = access.source
         if inner.summation or not isinstance(inner.body, Access):
             continue  # only re-indexing scopes: inlining arithmetic would repeat it per read
-        reads = [index_bounds(ix, box) for ix in access.indices]
+        reads = tuple(index_bounds(ix, box) for ix in access.indices)
         if all(it.lo <= lo and hi < it.hi for it, (lo, hi) in zip(inner.traversal, reads)) or _zero_outside(
             inner, reads
         ):
@@ -35,8 +37,10 @@ def merge_traversal(scope: Scope):
             return
 
 
-def _zero_outside(inner: Scope, reads) -> bool:
-    """Whether the inner body is 0 on every point the reads reach outside its box."""
+@lru_cache(maxsize=1 << 14)
+def _zero_outside(inner: Scope, reads: tuple) -> bool:
+    """Whether the inner body is 0 on every point the reads reach outside its box (cached: the
+    same nested scope is read the same way by the many states that hold it)."""
     grown = tuple(Iterator(it.name, min(it.lo, lo), max(it.hi, hi + 1)) for it, (lo, hi) in zip(inner.traversal, reads))
     if _read_outside(inner, grown):
         return False

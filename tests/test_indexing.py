@@ -25,11 +25,12 @@ from rewriter.index import (
     isl_index,
     normalize,
     padding_support,
+    sets,
     simplify,
     to_index,
     with_remainders,
 )
-from rewriter.ir import IndexOp, Iterator, Lit, Var, eval_index, substitute_index
+from rewriter.ir import IndexOp, Iterator, Lit, Var, box, eval_index, substitute_index
 from rewriter.testing.strategies import indices, iterators, random_inputs, scopes
 
 FAST = settings(max_examples=60, deadline=None)
@@ -499,6 +500,75 @@ def _assert_zero_outside(expr, support, seed):
         shape[axis] = it.size
         inside &= ((coords >= lo) & (coords < hi)).reshape(shape)
     assert np.all(out[~inside] == 0)
+
+
+def test_separable_reads_give_the_support_without_isl():
+    """Interval arithmetic answers where the reads are separable (a convolution row, strided
+    reads, a read of two traversal iterators that nothing else reads); coupled or sparse reads
+    are left to isl."""
+    separable = [
+        ("L h:-1..9 ; S r:3 ; A[h+r-1] * B[r]", {"A": (7,), "B": (3,)}),
+        ("L h:0..12, w:-3..9 ; S r:3, s:2 ; A[2*h-r, w] * B[w+s-1]", {"A": (5, 4), "B": (6,)}),
+        ("L h:-4..12 ; A[h] + B[h-5]", {"A": (3,), "B": (2,)}),
+        ("L r:3, h:7, w:-2..9 ; S s:3 ; A[h+r-1, s+w-1] * K[r, s]", {"A": (7, 7), "K": (3, 3)}),
+    ]
+    for text, shapes in separable:
+        e = parse(text, shapes)
+        condition = sets._support_condition(e.body, e.box)
+        hull = sets._separable_hull(condition, box(e.traversal), e.box)
+        assert hull is not None, text
+        assert padding_support(e) == dict(sets._isl_support(e, condition)), text
+    coupled = parse("L h:-2..9, w:-2..9 ; A[h+w] * B[h-w]", {"A": (7,), "B": (5,)})
+    sparse = parse("L h:-9..9 ; S r:2 ; A[h+4*r]", {"A": (3,)})  # h+4r skips values: not an interval
+    for e in (coupled, sparse):
+        assert sets._separable_hull(sets._support_condition(e.body, e.box), box(e.traversal), e.box) is None
+    assert padding_support(sparse) == {"h": (-4, 3)}
+
+
+@st.composite
+def products_of_reads(draw):
+    """``L x.. ; S y.. ; A[..] * B[..] * ..``: one-dimensional reads at random affine indices,
+    small enough to enumerate."""
+    names = ["x0", "x1", "y0", "y1"][: draw(st.integers(1, 4))]
+    ranges = {n: (lo, lo + draw(st.integers(1, 5))) for n in names for lo in [draw(st.integers(-3, 3))]}
+    reads = []
+    for k in range(draw(st.integers(1, 3))):
+        coefficients = {n: draw(st.integers(-3, 3)) for n in names}
+        reads.append((f"T{k}", coefficients, draw(st.integers(-4, 4)), draw(st.integers(1, 6))))
+    return names, ranges, reads
+
+
+@FAST
+@given(products_of_reads())
+def test_padding_support_of_products_equals_enumeration(case):
+    """The box of the traversal points where every read is in bounds for some summation point,
+    by enumeration, whichever way padding_support computes it (intervals or isl)."""
+    names, ranges, reads = case
+    traversal = [n for n in names if n.startswith("x")] or [names[0]]
+    text_of = lambda c, k: " + ".join(f"{v}*{n}" for n, v in c.items()) + f" + {k}"  # noqa: E731
+    body = " * ".join(f"{t}[{text_of(c, k)}]" for t, c, k, _ in reads)
+    its = lambda ns: ", ".join(f"{n}:{ranges[n][0]}..{ranges[n][1]}" for n in ns)  # noqa: E731
+    summed = [n for n in names if n not in traversal]
+    text = f"L {its(traversal)} ; S {its(summed)} ; {body}" if summed else f"L {its(traversal)} ; {body}"
+    e = parse(text, {t: (size,) for t, _, _, size in reads})
+    hit = defaultdict(list)
+    for point in itertools.product(*(range(*ranges[n]) for n in names)):
+        env = dict(zip(names, point))
+        if all(0 <= sum(v * env[n] for n, v in c.items()) + k < size for _, c, k, size in reads):
+            for n in traversal:
+                hit[n].append(env[n])
+    expected = {n: (min(hit[n]), max(hit[n]) + 1) if hit[n] else (ranges[n][0], ranges[n][0]) for n in traversal}
+    assert padding_support(e) == expected
+
+
+@FAST
+@given(scopes(max_traversal=2, max_summation=2, functions=("relu", "neg", "tanh")))
+def test_separable_support_equals_isl(expr):
+    """Where interval arithmetic answers, isl gives the same box."""
+    condition = sets._support_condition(expr.body, expr.box)
+    hull = None if condition is None else sets._separable_hull(condition, box(expr.traversal), expr.box)
+    if hull is not None:
+        assert padding_support(expr) == dict(sets._isl_support(expr, condition))
 
 
 @FAST

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Mapping, Union
+from typing import Union
 
 from rewriter.ir import ExpressionError, Index, IndexNeg, IndexOp, Iterator, Lit, Var, as_index, box, index_vars
 
@@ -253,13 +254,18 @@ def simplify(ix: Index, ranges: Ranges | Iterable[Iterator] | None = None) -> In
 
     Iterators missing from ``ranges`` are treated as unbounded.
     """
-    if ranges is None:
-        return to_index(normalize(ix))
+    if ranges is None or normalize(ix).is_affine:  # ranges only matter to / and %
+        return _simplest(ix)
     if not isinstance(ranges, Mapping):
         ranges = box(ranges)
     # only the index's own iterators matter: a small key, so the cache hits across scopes
     relevant = tuple(sorted((name, tuple(ranges[name])) for name in index_vars(ix) if name in ranges))
     return _simplify_in(ix, relevant)
+
+
+@lru_cache(maxsize=1 << 17)
+def _simplest(ix: Index) -> Index:
+    return to_index(normalize(ix))
 
 
 @lru_cache(maxsize=1 << 17)

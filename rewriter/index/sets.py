@@ -11,9 +11,9 @@ iterator name is safe.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from functools import lru_cache
-from typing import Iterable, Mapping, Sequence
 
 import islpy as isl
 
@@ -302,15 +302,17 @@ def _floor_of(parts: Sequence[tuple[Fraction, LinearForm]]) -> LinearForm:
 
 
 # --------------------------------------------------------------------------------------------
-# Padding support (islpy)
+# Padding support (islpy, and exact interval arithmetic where the reads are separable)
 
 
 def padding_support(scope: Scope) -> dict[str, tuple[int, int]]:
     """Per traversal iterator, the smallest half-open range outside of which the scope is 0.
 
-    The set of (traversal, summation) points where the body may be non-zero for some input is
-    computed with isl (see ``_support_condition``), its summation iterators are projected out and
-    the rest is boxed. A scope that is 0 everywhere gets empty ranges ``(lo, lo)``.
+    The set of (traversal, summation) points where the body may be non-zero for some input (see
+    ``_support_condition``) has its summation iterators projected out and the rest boxed. Where
+    each read bounds one traversal iterator at most, and no summation iterator is shared by two
+    reads, the box follows exactly from interval arithmetic (``_separable_hull``); otherwise isl
+    computes it. A scope that is 0 everywhere gets empty ranges ``(lo, lo)``.
     """
     return dict(_padding_support(scope))
 
@@ -318,13 +320,22 @@ def padding_support(scope: Scope) -> dict[str, tuple[int, int]]:
 @lru_cache(maxsize=1 << 14)
 def _padding_support(scope: Scope) -> tuple:
     traversal = box(scope.traversal)
-    rename = _positional({it.name: None for it in scope.iterators})
-    condition = _support_condition(scope.body, rename, {it.name: (it.lo, it.hi) for it in scope.iterators})
+    condition = _support_condition(scope.body, scope.box)
     if condition is None:  # non-zero anywhere in its box: no isl needed
         return tuple(traversal.items())
+    hull = _separable_hull(condition, traversal, scope.box)
+    if hull is not None:
+        return tuple((name, hull.get(name, (lo, lo))) for name, (lo, _) in traversal.items())
+    return _isl_support(scope, condition)
+
+
+def _isl_support(scope: Scope, condition) -> tuple:
+    traversal = box(scope.traversal)
+    rename = _positional({it.name: None for it in scope.iterators})
+    where = _isl_condition(condition, rename)
     dims = ", ".join(rename[it.name] for it in scope.traversal)
     summed = ", ".join(rename[it.name] for it in scope.summation)
-    exists = f"exists ({summed} : {isl_box(scope.summation, rename)} and {condition})" if summed else condition
+    exists = f"exists ({summed} : {isl_box(scope.summation, rename)} and {where})" if summed else where
     support = isl.Set(f"{{ [{dims}] : {isl_box(scope.traversal, rename)} and {exists} }}")
     if support.is_empty():
         return tuple((name, (lo, lo)) for name, (lo, _) in traversal.items())
@@ -345,14 +356,15 @@ def vanishes_outside(body: Scalar, box: Sequence[Iterator], ix: Index, lo: int, 
 
     This is what makes growing a summation range sound: the added points must add nothing.
     """
-    rename = _positional({it.name: None for it in box})
-    condition = _support_condition(body, rename, {it.name: (it.lo, it.hi) for it in box})
+    condition = _support_condition(body, {it.name: (it.lo, it.hi) for it in box})
     if condition is None:
         return False
+    rename = _positional({it.name: None for it in box})
     dims = ", ".join(rename[it.name] for it in box)
     where = isl_index(ix, rename)
     outside = f"({where} < {lo} or {where} >= {hi})"
-    return isl.Set(f"{{ [{dims}] : {isl_box(box, rename)} and {condition} and {outside} }}").is_empty()
+    inside = _isl_condition(condition, rename)
+    return isl.Set(f"{{ [{dims}] : {isl_box(box, rename)} and {inside} and {outside} }}").is_empty()
 
 
 def _stays_within(ix: Index, lo: int, hi: int, box: Mapping[str, tuple[int, int]]) -> bool:
@@ -363,8 +375,13 @@ def _stays_within(ix: Index, lo: int, hi: int, box: Mapping[str, tuple[int, int]
     return lo <= reach_lo and reach_hi < hi
 
 
-def _support_condition(body: Scalar, rename: Mapping[str, str], box: Mapping[str, tuple[int, int]]) -> str | None:
-    """Where the body may be non-zero in ``box`` (iterator ranges), as an isl condition; None
+# A support condition: None (anywhere), NOWHERE, ("read", ((ix, lo, hi), ...)) (every index in
+# its range), ("and", a, b) or ("or", a, b).
+NOWHERE = ("false",)
+
+
+def _support_condition(body: Scalar, box: Mapping[str, tuple[int, int]]):
+    """Where the body may be non-zero in ``box`` (iterator ranges), as a condition tree; None
     means anywhere. A read whose index stays inside its source's bounds on the whole box adds no
     constraint (isl's parser costs about 40 us per constraint, and most reads are such).
 
@@ -375,26 +392,134 @@ def _support_condition(body: Scalar, rename: Mapping[str, str], box: Mapping[str
     """
     match body:
         case Access(source, indices):
-            parts = [
-                f"{lo} <= {isl_index(ix, rename)} < {hi}"
-                for ix, (lo, hi) in zip(indices, read_bounds(source))
-                if not _stays_within(ix, lo, hi, box)
-            ]
-            return "(" + " and ".join(parts) + ")" if parts else None
+            reads = tuple(
+                (ix, lo, hi) for ix, (lo, hi) in zip(indices, read_bounds(source)) if not _stays_within(ix, lo, hi, box)
+            )
+            return ("read", reads) if reads else None
         case Num(value):
-            return "false" if value == 0 else None
+            return NOWHERE if value == 0 else None
         case Unary("neg" | "relu" | "tanh" | "sqrt" | "erf" | "abs" | "floor" | "ceil", arg):
-            return _support_condition(arg, rename, box)
+            return _support_condition(arg, box)
         case Binary("pow", lhs, Num(value)) if value > 0:
-            return _support_condition(lhs, rename, box)
+            return _support_condition(lhs, box)
         case Binary("/", lhs, Num(value)) if value != 0:
-            return _support_condition(lhs, rename, box)
+            return _support_condition(lhs, box)
         case Binary("*", lhs, rhs):
-            parts = [
-                p for p in (_support_condition(lhs, rename, box), _support_condition(rhs, rename, box)) if p is not None
-            ]
-            return "(" + " and ".join(parts) + ")" if parts else None
+            a, b = _support_condition(lhs, box), _support_condition(rhs, box)
+            return a if b is None else b if a is None else ("and", a, b)
         case Binary("+" | "-" | "max" | "min" | "less" | "greater", lhs, rhs):  # f(0, 0) = 0
-            a, b = _support_condition(lhs, rename, box), _support_condition(rhs, rename, box)
-            return None if a is None or b is None else f"({a} or {b})"
+            a, b = _support_condition(lhs, box), _support_condition(rhs, box)
+            return None if a is None or b is None else ("or", a, b)
     return None  # exp, sigmoid, division by an expression: may be non-zero anywhere
+
+
+def _isl_condition(condition, rename: Mapping[str, str]) -> str:
+    """A support condition in isl's syntax, iterators renamed by ``rename``."""
+    match condition:
+        case ("false",):
+            return "false"
+        case ("read", reads):
+            return "(" + " and ".join(f"{lo} <= {isl_index(ix, rename)} < {hi}" for ix, lo, hi in reads) + ")"
+        case (op, a, b):
+            return f"({_isl_condition(a, rename)} {op} {_isl_condition(b, rename)})"
+    raise TypeError(condition)
+
+
+def _disjuncts(condition, limit: int = 16) -> list[tuple] | None:
+    """The condition as an "or" of conjunctions of reads ``(ix, lo, hi)``; None past ``limit``."""
+    match condition:
+        case ("false",):
+            return []
+        case ("read", reads):
+            return [reads]
+        case ("or", a, b):
+            left, right = _disjuncts(a, limit), _disjuncts(b, limit)
+            if left is None or right is None or len(left) + len(right) > limit:
+                return None
+            return left + right
+        case ("and", a, b):
+            left, right = _disjuncts(a, limit), _disjuncts(b, limit)
+            if left is None or right is None or len(left) * len(right) > limit:
+                return None
+            return [x + y for x in left for y in right]
+    raise TypeError(condition)
+
+
+def _separable_hull(condition, traversal: Mapping, box: Mapping) -> dict | None:
+    """The bounding box of the traversal points where ``condition`` holds for some summation
+    point, exactly, or None when the reads couple iterators (then isl decides). A traversal
+    iterator missing from the answer means no point holds."""
+    disjuncts = _disjuncts(condition)
+    if disjuncts is None:
+        return None
+    hull: dict[str, tuple[int, int]] = {}
+    for conjunction in disjuncts:
+        ranges = _conjunction_ranges(conjunction, traversal, box)
+        if ranges is None:
+            return None
+        for name, (lo, hi) in ranges.items():
+            old = hull.get(name, (lo, hi))
+            hull[name] = (min(lo, old[0]), max(hi, old[1]))
+    return hull
+
+
+def _conjunction_ranges(reads, traversal: Mapping, box: Mapping) -> dict | None:
+    """Half-open ranges of the traversal iterators where every read ``lo <= ix < hi`` holds for
+    some values of the summation iterators; {} when none does; None when it is not separable.
+
+    For an iterator x of a read ``lo <= a*x + s + c < hi``, where the values of the rest s in
+    [m, M] leave no gap wider than ``hi - lo`` (``_span``), some rest satisfies the read exactly
+    when ``lo - c - M <= a*x <= hi - 1 - c - m``: an interval of x. Separable: every index is affine
+    and names at most one iterator that other reads name too (``h`` in ``A[h+r-1] * B[h]``), so
+    the reads hang off their shared iterators without cycles. Then each shared iterator's range
+    is the intersection of its reads' intervals (their other iterators are their own), and each
+    other iterator's range is its interval with the shared one kept to that range: exact.
+    """
+    forms = [(normalize(ix), lo, hi) for ix, lo, hi in reads]
+    if not all(form.is_affine for form, _, _ in forms):
+        return None
+    uses: dict[str, int] = {}
+    for form, _, _ in forms:
+        for name, _ in form.terms:
+            uses[name] = uses.get(name, 0) + 1
+    if any(sum(uses[name] > 1 for name, _ in form.terms) > 1 for form, _, _ in forms):
+        return None
+    ranges = {name: [lo, hi - 1] for name, (lo, hi) in box.items() if name in uses or name in traversal}
+    own_box = {name: tuple(box[name]) for name in uses}
+    shared_first = [(form, lo, hi, name) for form, lo, hi in forms for name, _ in form.terms if uses[name] > 1]
+    own = [(form, lo, hi, name) for form, lo, hi in forms for name, _ in form.terms if uses[name] == 1]
+    constant = [(form, lo, hi, None) for form, lo, hi in forms if form.is_constant]
+    for pass_ in (shared_first, own + constant):
+        spans = own_box if pass_ is shared_first else {n: (r[0], r[1] + 1) for n, r in ranges.items()}
+        for form, lo, hi, target in pass_:
+            span = _span([(n, c) for n, c in form.terms if n != target], spans)
+            if span[2] > hi - lo:  # a window of the read's range might fall between two values
+                return None
+            low, high = lo - form.constant - span[1], hi - 1 - form.constant - span[0]  # a*x lies here
+            if target is None:
+                if not low <= 0 <= high:
+                    return {}
+                continue
+            a, bound = form.coefficient(target), ranges[target]
+            if a > 0:
+                bound[0], bound[1] = max(bound[0], -(-low // a)), min(bound[1], high // a)
+            else:
+                bound[0], bound[1] = max(bound[0], -(-high // a)), min(bound[1], low // a)
+            if bound[0] > bound[1]:
+                return {}
+    return {name: (ranges[name][0], ranges[name][1] + 1) for name in traversal}
+
+
+def _span(terms, box: Mapping) -> tuple[int, int, int]:
+    """``(min, max, gap)`` of ``sum(c * y)`` over the box: no two consecutive values it takes
+    differ by more than ``gap`` (1: every integer in between). Built in increasing coefficient
+    size: copies of the set so far, shifted by |c|, leave a gap of |c| - reach at most."""
+    low = high = reach = 0
+    gap = 1
+    for name, c in sorted(terms, key=lambda t: abs(t[1])):
+        lo, hi = box[name]
+        low, high = low + min(c * lo, c * (hi - 1)), high + max(c * lo, c * (hi - 1))
+        if hi - lo > 1:
+            gap = max(gap, abs(c) - reach)
+            reach += abs(c) * (hi - lo - 1)
+    return low, high, gap

@@ -83,8 +83,9 @@ def format_number(value: float) -> str:
 
 def cached_hash(self) -> int:
     """Hash of a frozen IR node, computed once: trees are hashed often (memo and e-graph keys)."""
-    cached = self.__dict__.get("_hash")
-    if cached is None:
+    try:
+        return self._hash
+    except AttributeError:
         cached = hash((type(self).__name__, *(getattr(self, name) for name in self.__dataclass_fields__)))
         object.__setattr__(self, "_hash", cached)
-    return cached
+        return cached
