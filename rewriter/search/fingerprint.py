@@ -51,19 +51,25 @@ def fingerprint(scope: Scope) -> str:
 
 @lru_cache(maxsize=1 << 16)
 def canonical(scope: Scope) -> Scope:
-    traversal = tuple(Iterator(f"i{k}", it.lo, it.hi) for k, it in enumerate(scope.traversal))
+    traversal = tuple(_iterator(f"i{k}", it.lo, it.hi) for k, it in enumerate(scope.traversal))
     names = {it.name: f"i{k}" for k, it in enumerate(scope.traversal)}
     best: Scope | None = None
     best_text = ""
     for order in _summation_orders(scope):
         renaming = dict(names, **{it.name: f"s{k}" for k, it in enumerate(order)})
-        summation = tuple(Iterator(renaming[it.name], it.lo, it.hi) for it in order)
+        summation = tuple(_iterator(renaming[it.name], it.lo, it.hi) for it in order)
         candidate = Scope(traversal, summation, _canonical_body(scope.body, renaming), scope.reduce)
         text = format_scope(candidate)
         if best is None or text < best_text:
             best, best_text = candidate, text
     assert best is not None
     return best
+
+
+@lru_cache(maxsize=1 << 12)
+def _iterator(name: str, lo: int, hi: int) -> Iterator:
+    # canonical names and ranges recur in every state: one object each (checked once, equal by identity)
+    return Iterator(name, lo, hi)
 
 
 def _summation_orders(scope: Scope):
