@@ -3,12 +3,15 @@ and the egglog-python internals the adapter relies on."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from egglog import rewrite, ruleset, vars_
 from hypothesis import given, settings
 
 from rewriter import ExpressionError, Iterator, Lit, Num, Scope, Tensor, Var, parse
 from rewriter.egraph import CONSTRUCTORS, ExpressionGraph, IndexTerm, ScalarTerm, adapter, eager_rules
+from rewriter.egraph import graph as graph_module
 from rewriter.egraph.language import SCOPE, SHARED, Fold, text_app, text_lit
 from rewriter.ir import Binary, IndexNeg, IndexOp
 from rewriter.testing.strategies import expressions
@@ -315,3 +318,32 @@ def test_inserts_are_queued_and_a_refused_one_is_raised_by_the_next_query():
         graph.wait()
     assert graph.extract(a) == a  # the error is raised once; the graph answers again
     assert graph.on_egglog(lambda egraph: type(egraph).__name__) == "EGraph"
+
+
+def test_a_search_ahead_of_egglog_waits_when_the_queue_is_full(monkeypatch):
+    """At most BACKLOG inserts wait in the queue (a search stopped by its time limit is not
+    held long by egglog catching up): here egglog is kept busy while 40 scopes are added."""
+    monkeypatch.setattr(graph_module, "BACKLOG", 2)
+    graph = ExpressionGraph()
+    depths: list[int] = []
+    monkeypatch.setattr(graph._egglog, "_jobs", _Watched(graph._egglog._jobs, depths))
+    graph._egglog._jobs.put((graph._egglog, lambda: time.sleep(0.2), None))  # egglog busy for a while
+    added = [parse(f"L i:4 ; T[i] * {k}", {"T": (4,)}) for k in range(1, 41)]
+    for scope in added:
+        graph.add(scope)
+    assert max(depths) <= 3 and all(graph.extract(scope) == scope for scope in added)
+
+
+class _Watched:
+    """A job queue that records its length before each insert."""
+
+    def __init__(self, jobs, depths):
+        self.jobs, self.depths = jobs, depths
+
+    def qsize(self):
+        return self.jobs.qsize()
+
+    def put(self, job):
+        if isinstance(job[1], str):
+            self.depths.append(self.jobs.qsize())
+        self.jobs.put(job)

@@ -146,6 +146,7 @@ def _raw() -> bindings.EGraph:
 
 
 BATCH = 8  # queued inserts sent in one call: each call takes the GIL; egglog's memory grows faster than the batch (64: 4x the peak)
+BACKLOG = 512  # queued inserts at most: a search that stops on its time limit would wait for the rest (seconds on a large e-graph)
 PAUSE = 0.002  # seconds the egglog thread waits for inserts to gather before sending fewer than BATCH
 
 
@@ -215,6 +216,8 @@ class _EgglogThread:
 
     def post(self, command: str) -> None:
         self._here()
+        while self._jobs.qsize() > BACKLOG:  # egglog is behind: the caller waits here, within its budget
+            time.sleep(0.001)
         self._jobs.put((self, command, None))
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
