@@ -3,6 +3,7 @@ and the egglog-python internals the adapter relies on."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -347,3 +348,13 @@ class _Watched:
         if isinstance(job[1], str):
             self.depths.append(self.jobs.qsize())
         self.jobs.put(job)
+
+
+def test_a_search_alongside_egglog_hands_the_interpreter_over_often_and_restores_it():
+    graph = ExpressionGraph()
+    before = sys.getswitchinterval()
+    with pytest.raises(KeyboardInterrupt):
+        with graph.alongside():
+            assert sys.getswitchinterval() == pytest.approx(graph_module.SWITCH_INTERVAL)
+            raise KeyboardInterrupt  # Ctrl-C in the middle of a level
+    assert sys.getswitchinterval() == before

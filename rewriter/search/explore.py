@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -249,7 +250,8 @@ def explore_levels(
         stats.rounds.append(current)
         level: list[State] = []  # filled as states are found: a Ctrl-C keeps what was found
         try:
-            _expand(frontier, level, explorative, eager, states, current, graph, budget, stats, memo)
+            with graph.alongside() if graph is not None else nullcontext():
+                _expand(frontier, level, explorative, eager, states, current, graph, budget, stats, memo)
             if graph is not None:
                 tick = time.perf_counter()
                 graph.run()  # the e-graph's native eager rewrites (index arithmetic)
