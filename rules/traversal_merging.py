@@ -4,7 +4,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from rewriter.index import index_bounds, padding_support, read_bounds
+from rewriter.index import index_bounds, padding_support, read_bounds, reads_outside
 from rewriter.ir import Access, Iterator, Scope, eval_index, nested_reads, replace_subterm, substitute
 from rewriter.search.dsl import rule
 
@@ -19,8 +19,10 @@ def merge_traversal(scope: Scope):
     vector) stays instantiated: inlining it into a summation would repeat its work per read.
     Sound when every read phi(x, y) lies inside the inner box Z (there the read is f; outside it
     would be 0 while f need not be), which is checked by exact range inference over the box of
-    x and y, or when f itself is 0 wherever the reads leave Z (islpy: its padding support over
-    the grown box stays inside Z). Eager: it removes the identity scopes that variable substitution leaves behind.
+    x and y, or when f itself is 0 wherever the reads leave Z (by interval arithmetic on each slab
+    of the grown box outside Z where the reads are separable, else islpy: its padding support
+    over the grown box stays inside Z). Eager: it removes the identity scopes that variable
+    substitution leaves behind.
     """
     box = scope.box
     for access in nested_reads(scope.body):
@@ -42,6 +44,9 @@ def _zero_outside(inner: Scope, reads: tuple) -> bool:
     """Whether the inner body is 0 on every point the reads reach outside its box (cached: the
     same nested scope is read the same way by the many states that hold it)."""
     grown = tuple(Iterator(it.name, min(it.lo, lo), max(it.hi, hi + 1)) for it, (lo, hi) in zip(inner.traversal, reads))
+    exact = reads_outside(inner.body.indices, read_bounds(inner.body.source), inner.traversal, grown)
+    if exact is not None:  # separable reads: decided by interval arithmetic
+        return not exact
     if _read_outside(inner, grown):
         return False
     support = padding_support(inner.with_traversal(grown))

@@ -25,6 +25,7 @@ from rewriter.index import (
     isl_index,
     normalize,
     padding_support,
+    reads_outside,
     sets,
     simplify,
     to_index,
@@ -559,6 +560,50 @@ def test_padding_support_of_products_equals_enumeration(case):
                 hit[n].append(env[n])
     expected = {n: (min(hit[n]), max(hit[n]) + 1) if hit[n] else (ranges[n][0], ranges[n][0]) for n in traversal}
     assert padding_support(e) == expected
+
+
+@st.composite
+def reads_around_a_box(draw):
+    """Affine reads of up to three iterators over a grown box, and a box inside it."""
+    names = ["x", "y", "z"][: draw(st.integers(1, 3))]
+    grown, inner = {}, {}
+    for n in names:
+        lo, size = draw(st.integers(-3, 3)), draw(st.integers(1, 6))
+        a = draw(st.integers(lo, lo + size - 1))
+        grown[n], inner[n] = (lo, lo + size), (a, draw(st.integers(a + 1, lo + size)))
+    reads = []
+    for _ in range(draw(st.integers(1, 3))):
+        coefficients = {n: draw(st.integers(-3, 3)) for n in names}
+        reads.append((coefficients, draw(st.integers(-4, 4)), draw(st.integers(0, 3)), draw(st.integers(1, 6))))
+    return names, grown, inner, reads
+
+
+@FAST
+@given(reads_around_a_box())
+def test_reads_outside_a_box_equal_enumeration(case):
+    """Where interval arithmetic answers, it says exactly whether a point of the grown box
+    outside the inner one reads in bounds with every index."""
+    names, grown, inner, reads = case
+    indices = [to_index(LinearForm.of(c, k)) for c, k, _, _ in reads]
+    bounds = [(lo, lo + size) for _, _, lo, size in reads]
+    its = lambda ranges: [Iterator(n, *ranges[n]) for n in names]  # noqa: E731
+    answer = reads_outside(indices, bounds, its(inner), its(grown))
+    expected = any(
+        any(not inner[n][0] <= v < inner[n][1] for n, v in zip(names, point))
+        and all(
+            lo <= sum(c[n] * v for n, v in zip(names, point)) + k < hi for (c, k, _, _), (lo, hi) in zip(reads, bounds)
+        )
+        for point in itertools.product(*(range(*grown[n]) for n in names))
+    )
+    assert answer in (None, expected)
+
+
+def test_reads_outside_a_box_are_decided_for_separable_reads():
+    x, y = Var("x"), Var("y")
+    grown, inner = [Iterator("x", -1, 9), Iterator("y", 0, 4)], [Iterator("x", 0, 8), Iterator("y", 0, 4)]
+    assert reads_outside([x - 1, y], [(0, 8), (0, 4)], inner, grown) is True  # x = 8 reads 7: in bounds
+    assert reads_outside([x, y], [(0, 8), (0, 4)], inner, grown) is False  # x = -1 and 8 read padding
+    assert reads_outside([x + y, x - y], [(0, 8), (0, 8)], inner, grown) is None  # x and y coupled twice
 
 
 @FAST

@@ -33,6 +33,7 @@ from .sets import (
     isl_name,
     padding_support,
     read_bounds,
+    reads_outside,
     vanishes_outside,
 )
 
@@ -58,6 +59,7 @@ __all__ = [
     "normalize",
     "padding_support",
     "read_bounds",
+    "reads_outside",
     "row_major",
     "simplify",
     "simplify_form",

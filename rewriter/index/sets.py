@@ -310,8 +310,8 @@ def padding_support(scope: Scope) -> dict[str, tuple[int, int]]:
 
     The set of (traversal, summation) points where the body may be non-zero for some input (see
     ``_support_condition``) has its summation iterators projected out and the rest boxed. Where
-    each read bounds one traversal iterator at most, and no summation iterator is shared by two
-    reads, the box follows exactly from interval arithmetic (``_separable_hull``); otherwise isl
+    the reads are separable (affine, each naming at most one iterator that other reads name too:
+    ``_conjunction_ranges``) the box follows exactly from interval arithmetic; otherwise isl
     computes it. A scope that is 0 everywhere gets empty ranges ``(lo, lo)``.
     """
     return dict(_padding_support(scope))
@@ -345,6 +345,28 @@ def _isl_support(scope: Scope, condition) -> tuple:
     )
 
 
+def reads_outside(
+    indices: Sequence[Index], bounds, inner: Sequence[Iterator], grown: Sequence[Iterator]
+) -> bool | None:
+    """Whether some point of the box ``grown`` outside the box ``inner`` (the same iterators)
+    reads inside ``bounds`` (a half-open range per index) with every index: exactly, by interval
+    arithmetic on each slab of ``grown`` outside ``inner``; None when the reads are not separable
+    there (``_conjunction_ranges``)."""
+    answer = False
+    for k, (it, out) in enumerate(zip(inner, grown)):
+        for lo, hi in ((out.lo, it.lo), (it.hi, out.hi)):
+            if lo >= hi:
+                continue
+            slab = {g.name: (g.lo, g.hi) for g in grown}
+            slab[it.name] = (lo, hi)
+            reads = [(ix, b_lo, b_hi) for ix, (b_lo, b_hi) in zip(indices, bounds)]
+            ranges = _conjunction_ranges(reads, slab, slab)
+            if ranges is None:
+                return None
+            answer = answer or bool(ranges)
+    return answer
+
+
 def read_bounds(source: Tensor | Scope) -> list[tuple[int, int]]:
     """Per dimension, the half-open range outside of which a read of ``source`` gives 0: a
     tensor's extent, or a nested scope's padding support."""
@@ -375,9 +397,9 @@ def _stays_within(ix: Index, lo: int, hi: int, box: Mapping[str, tuple[int, int]
     return lo <= reach_lo and reach_hi < hi
 
 
-# A support condition: None (anywhere), NOWHERE, ("read", ((ix, lo, hi), ...)) (every index in
+# A support condition: None (anywhere), _NOWHERE, ("read", ((ix, lo, hi), ...)) (every index in
 # its range), ("and", a, b) or ("or", a, b).
-NOWHERE = ("false",)
+_NOWHERE = ("false",)
 
 
 def _support_condition(body: Scalar, box: Mapping[str, tuple[int, int]]):
@@ -397,7 +419,7 @@ def _support_condition(body: Scalar, box: Mapping[str, tuple[int, int]]):
             )
             return ("read", reads) if reads else None
         case Num(value):
-            return NOWHERE if value == 0 else None
+            return _NOWHERE if value == 0 else None
         case Unary("neg" | "relu" | "tanh" | "sqrt" | "erf" | "abs" | "floor" | "ceil", arg):
             return _support_condition(arg, box)
         case Binary("pow", lhs, Num(value)) if value > 0:
