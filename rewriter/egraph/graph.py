@@ -8,8 +8,9 @@ handle: egglog's cost grows with the nodes a command writes, even when it holds 
 
 egglog runs on its own thread (``_serve``, one per process): its e-graph may be used, and
 dropped, only on the thread that made it, and its commands release the GIL. Inserts are queued
-and sent up to ``BATCH`` to a call while the search goes on, on the machine's other core; every
-query waits for the inserts queued before it. egglog-python objects stay on that thread: reach
+and sent up to ``BATCH`` to a call while the search goes on, on the machine's other core (at most
+``BACKLOG`` wait; a search runs its levels inside ``graph.alongside()``, which hands the GIL to
+egglog's thread sooner); every query waits for the inserts queued before it. egglog-python objects stay on that thread: reach
 them with ``graph.on_egglog(fn)``. Rules written in Python over the term classes
 (``eager_rules``, pattern rules of ``rewriter.search.dsl``) are registered on the egglog-python
 ``EGraph`` there and run natively on the same e-graph (``adapter``).

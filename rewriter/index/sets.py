@@ -354,14 +354,14 @@ def reads_outside(
     reads inside ``bounds`` (a half-open range per index) with every index: exactly, by interval
     arithmetic on each slab of ``grown`` outside ``inner``; None when the reads are not separable
     there (``_conjunction_ranges``)."""
+    reads = [(ix, lo, hi) for ix, (lo, hi) in zip(indices, bounds)]
     answer = False
-    for k, (it, out) in enumerate(zip(inner, grown)):
+    for it, out in zip(inner, grown):
         for lo, hi in ((out.lo, it.lo), (it.hi, out.hi)):
             if lo >= hi:
                 continue
             slab = {g.name: (g.lo, g.hi) for g in grown}
             slab[it.name] = (lo, hi)
-            reads = [(ix, b_lo, b_hi) for ix, (b_lo, b_hi) in zip(indices, bounds)]
             ranges = _conjunction_ranges(reads, slab, slab)
             if ranges is None:
                 return None
