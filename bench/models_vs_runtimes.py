@@ -8,10 +8,12 @@ torch.compile, end to end.
 Each model is built from the ``transformers`` library's own definition with its default (full
 size) configuration and random weights (no downloads), exported with ``torch.onnx.export``
 (opset 17), imported with ``load_onnx`` and optimized with ``optimize_program`` (the path of
-``rewriter optimize``). All four are checked against onnxruntime's output, then timed in one
-process, interleaved round by round (``vs_torch.interleaved``), in float32: onnxruntime with 2
-intra-op threads and spinning off, PyTorch under ``no_grad``. Adds (or replaces) one row per model
-in bench/results/models_vs_runtimes.json, with the time the optimizer took.
+``rewriter optimize``), its kernels orchestrated both by Korch's BLP (the default: "optimized")
+and by the greedy baseline ("greedy") from the same derivations. All five are checked against
+onnxruntime's output, then timed in one process, interleaved round by round
+(``vs_torch.interleaved``), in float32: onnxruntime with 2 intra-op threads and spinning off,
+PyTorch under ``no_grad``. Adds (or replaces) one row per model in
+bench/results/models_vs_runtimes.json, with the time the optimizer took and the BLP's figures.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import argparse
 import io
 import json
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from vs_torch import interleaved  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
+from vs_torch import greedy_and_orchestrated, interleaved, orchestration_columns  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
@@ -37,7 +38,6 @@ import torch  # noqa: E402
 import transformers as T  # noqa: E402
 
 from rewriter.frontends.onnx import load_onnx  # noqa: E402
-from rewriter.pipeline import optimize_program  # noqa: E402
 
 # name -> the model with its default configuration; text models read token ids
 MODELS = {
@@ -83,20 +83,20 @@ def run(name: str, args) -> dict:
         torch.onnx.export(module, (example,), buffer, opset_version=17, dynamo=False, input_names=["inputs"])
     proto = onnx.load_from_string(buffer.getvalue())
     model = load_onnx(proto)
-    start = time.perf_counter()
-    optimized = optimize_program(
+    programs, seconds = greedy_and_orchestrated(
         model.program,
         model.weights,
         max_depth=args.max_depth,
         subprogram_time_limit=args.subprogram_time_limit,
         on_subprogram=lambda sub, k, n: print(f"  [{k + 1}/{n}] {sub.name}: {sub.state}", file=sys.stderr, flush=True),
     )
-    optimize_s = time.perf_counter() - start
+    optimized, greedy = programs["blp"], programs["greedy"]
     session, x = onnx_runtime(proto), example.numpy()
     feeds = {model.names["inputs"]: x}
     compiled = torch.compile(module)
     functions = {
         "optimized": lambda: optimized(**feeds),
+        "greedy": lambda: greedy(**feeds),
         "onnxruntime": lambda: session.run(None, {"inputs": x})[0],
         "torch_eager": lambda: module(example),
         "torch_compile": lambda: compiled(example),
@@ -112,10 +112,9 @@ def run(name: str, args) -> dict:
         "model": name,
         "input": list(example.shape),
         "subprograms": len(optimized.subprograms),
-        "kernels": len(optimized.program.kernels),
         "max_depth": args.max_depth,
         "subprogram_time_limit": args.subprogram_time_limit,
-        "optimize_s": round(optimize_s, 1),
+        **orchestration_columns(programs, seconds),
         **{f"{k}_ms": round(v * 1e3, 3) for k, v in medians.items()},
         **{f"vs_{k}": round(medians[k] / medians["optimized"], 2) for k in medians if k != "optimized"},
     }
@@ -130,8 +129,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--image-size", type=int, default=224)
     args = parser.parse_args()
-    columns = ("optimize_s", "optimized_ms", "onnxruntime_ms", "torch_eager_ms", "torch_compile_ms")
-    ratios = ("vs_onnxruntime", "vs_torch_eager", "vs_torch_compile")
+    columns = ("optimize_s", "optimized_ms", "greedy_ms", "onnxruntime_ms", "torch_eager_ms", "torch_compile_ms")
+    ratios = ("vs_greedy", "vs_onnxruntime", "vs_torch_eager", "vs_torch_compile")
     print(f"{'model':<12}" + "".join(f"{c:>18}" for c in columns + ratios))
     out = ROOT / "bench" / "results" / "models_vs_runtimes.json"
     for name in args.models.split(","):

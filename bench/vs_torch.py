@@ -43,6 +43,7 @@ from torch_cases import torch_version  # noqa: E402
 from codegen import CpuBackend, compile_scope  # noqa: E402
 from rewriter import derive, evaluate  # noqa: E402
 from rewriter.cases import CASES  # noqa: E402
+from rewriter.pipeline import optimize_program, orchestrate_program  # noqa: E402
 
 WEIGHTS = {"conv3x3": ("K",), "convtranspose": ("K",), "conv5x5": ("K",), "g2bmm": ()}
 
@@ -60,6 +61,38 @@ def interleaved(functions: dict, rounds: int) -> dict:
             fn()
             samples[name].append(time.perf_counter() - start)
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def greedy_and_orchestrated(program, weights, **options) -> tuple[dict, dict]:
+    """A whole program optimized once (derived and stitched), then orchestrated both ways from
+    the same stitched kernels: Korch's BLP ("blp", what ``optimize_program`` does by default) and
+    the greedy baseline ("greedy"). Returns the two programs and the seconds each step took."""
+    start = time.perf_counter()
+    stitched = optimize_program(program, weights, orchestration="none", **options)
+    seconds = {"derive": time.perf_counter() - start}
+    programs = {}
+    for method in ("blp", "greedy"):
+        start = time.perf_counter()
+        programs[method] = orchestrate_program(stitched, method)
+        seconds[method] = time.perf_counter() - start
+    return programs, seconds
+
+
+def orchestration_columns(programs: dict, seconds: dict) -> dict:
+    """The result row's orchestration figures: time, kernels and the BLP's size and solve time."""
+    figures = programs["blp"].orchestration.figures
+    return {
+        "optimize_s": round(seconds["derive"] + seconds["blp"], 1),
+        "orchestrate_s": round(seconds["blp"], 1),
+        "greedy_s": round(seconds["greedy"], 1),
+        "kernels": len(programs["blp"].program.kernels),
+        "greedy_kernels": len(programs["greedy"].program.kernels),
+        "shared_kernels": len(programs["blp"].orchestration.shared),
+        "recomputed": len(programs["blp"].orchestration.recomputed),
+        **{
+            f"blp_{k}": figures.get(k) for k in ("candidates", "measured", "variables", "constraints", "solve_s", "gap")
+        },
+    }
 
 
 def run(name: str, depth: int, time_limit: float, rounds: int, tune: int = 0) -> dict:

@@ -15,7 +15,7 @@ plugs in without touching the pipeline:
 
 A program is callable on named inputs (``program(**inputs) -> array``) and has ``kernels``,
 ``cost`` (seconds per run) and ``timings()`` (each kernel with its measured seconds).
-``stitch`` and ``fuse_boundaries`` serve the program-level optimizer (OLLIE Algorithm 1).
+``stitch`` and ``orchestrate`` serve the program-level optimizer (OLLIE Algorithm 1, Korch).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from rewriter.lower import Candidate
 
 from .cuda import CudaBackend
 from .measure import MeasurementDB, device_id
-from .program import CompiledProgram, Fusion, compile_candidate, fuse_boundaries, remeasure, stitch
+from .orchestrate import Orchestration, fuse_boundaries, orchestrate
+from .program import CompiledProgram, compile_candidate, remeasure, stitch
 
 
 class Backend(Protocol):
@@ -78,8 +79,15 @@ class CpuBackend:
     def stitch(self, parts, inputs: Mapping[str, tuple[int, ...]]) -> CompiledProgram:
         return stitch(parts, inputs)
 
-    def fuse_boundaries(self, program: CompiledProgram, boundaries: set[str]) -> tuple[CompiledProgram, list[Fusion]]:
-        return fuse_boundaries(program, boundaries, self.db, self.tune)
+    def orchestrate(
+        self, program: CompiledProgram, required: set[str], boundaries: set[str], method: str = "blp", **limits
+    ) -> tuple[CompiledProgram, Orchestration]:
+        """Which primitives of a stitched program share a kernel: Korch's BLP over measured
+        candidates ("blp", ``limits``: ``max_primitives``, ``time_limit``), or the greedy
+        fusion across subprogram ``boundaries`` ("greedy")."""
+        if method == "greedy":
+            return fuse_boundaries(program, boundaries, self.db, self.tune)
+        return orchestrate(program, required, self.db, self.tune, **limits)
 
 
 @dataclass

@@ -510,15 +510,3 @@ def stitch(
         steps += [step.renamed(names, program.dtype) for step in program.steps]
         constants.update({names.get(n, n): value for n, value in program.constants.items()})
     return CompiledProgram(steps, dict(inputs), dtypes.pop(), constants=constants).prepare()
-
-
-def fuse_boundaries(
-    program: CompiledProgram, boundaries: set[str], db: MeasurementDB | None = None, tune: int = 0
-) -> tuple[CompiledProgram, list[Fusion]]:
-    """Post-processing across the parts of a stitched program (OLLIE 5.4, Figure 9): an
-    eOperator that ends one part and is read only by an eOperator of a later one is fused into
-    it where the fused kernel measures faster and computes the same values. ``boundaries``: the
-    tensors the parts hand over (not the model's outputs, which must stay)."""
-    log: list[Fusion] = []
-    steps = _fused(program.steps, program.dtype, db, tune, producers=boundaries.__contains__, check=True, log=log)
-    return replace(program, steps=steps, constants=dict(program.constants), buffers={}).prepare(), log

@@ -3,8 +3,8 @@
 rewriter cases [--show NAME]               parse, print and evaluate the public cases
 rewriter eval "EXPRESSION" --shape A=2,3 --shape B=3,4 [--input A=a.npy] [--out y.npy]
 rewriter derive "EXPRESSION" --shape A=1,7,7,512 --shape K=3,3,512,512 [--max-depth 3]
-rewriter optimize MODEL.onnx|ZOO-NAME [--small] [--max-depth 3] --out DIR
-rewriter explain DIR                       the rule path of every subprogram
+rewriter optimize MODEL.onnx|ZOO-NAME [--small] [--max-depth 3] [--orchestration blp|greedy|none] --out DIR
+rewriter explain DIR                       the rule path of every subprogram, the orchestration
 rewriter run DIR --input NAME=FILE.npy [--out y.npy]
 """
 
@@ -175,6 +175,7 @@ def cmd_optimize(args, console: Console) -> int:
             time_limit=args.time_limit,
             subprogram_time_limit=args.subprogram_time_limit,
             backend=CpuBackend(tune=args.tune),
+            orchestration=args.orchestration,
             on_subprogram=report,
         )
     shapes = {model.names[name]: shape for name, shape in model.inputs.items()}
@@ -189,15 +190,15 @@ def cmd_optimize(args, console: Console) -> int:
             raise ExpressionError(
                 f"optimized {name} disagrees with the original model (relative error {error:.2e}); nothing saved"
             )
-    for fusion in optimized.fusions:  # post-processing across subprograms (weights only: at build time, 0 s)
-        speedup = f"{fusion.seconds_apart / fusion.seconds_fused:.2f}x" if fusion.seconds_fused else "-"
+    for kernel in optimized.orchestration.shared:  # primitives that share a kernel (weights only: 0 s)
+        speedup = f"{kernel.apart_seconds / kernel.seconds:.2f}x" if kernel.seconds else "-"
         table.add_row(
-            f"fused {fusion.producer} into {fusion.consumer}",
-            "post",
-            f"{fusion.seconds_apart * 1e3:.3f}",
-            f"{fusion.seconds_fused * 1e3:.3f}",
+            f"{kernel.output}: {len(kernel.primitives)} primitives in one kernel",
+            optimized.orchestration.method,
+            f"{kernel.apart_seconds * 1e3:.3f}",
+            f"{kernel.seconds * 1e3:.3f}",
             speedup,
-            "2/1",
+            f"{len(kernel.primitives)}/1",
             "",
         )
     total_before = sum(s.original_s for s in optimized.subprograms)
@@ -230,13 +231,7 @@ def cmd_explain(args, console: Console) -> int:
     for sub in optimized.subprograms:
         console.print(f"== {sub.name} ({sub.state})", markup=False, highlight=False)
         console.print(sub.explain, markup=False, highlight=False, soft_wrap=True)
-    for fusion in optimized.fusions:
-        console.print(
-            f"== post-processing: {fusion.producer} fused into {fusion.consumer} ({fusion.seconds_apart * 1e3:.3f} -> "
-            f"{fusion.seconds_fused * 1e3:.3f} ms)",
-            markup=False,
-            highlight=False,
-        )
+    console.print(f"== {optimized.orchestration.describe()}", markup=False, highlight=False)
     console.print("== the stitched program, as it runs", markup=False, highlight=False)
     console.print(optimized.program.listing(), markup=False, highlight=False, soft_wrap=True)
     return 0
@@ -300,7 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     op.add_argument("--out", metavar="DIR")
     op.add_argument("--tune", type=int, default=0, metavar="N", help="race up to N TVM schedules per kernel")
     op.add_argument("--seed", type=int, default=0)
-    ex = sub.add_parser("explain", help="the rule path of every subprogram of an optimized model")
+    op.add_argument(
+        "--orchestration",
+        choices=("blp", "greedy", "none"),
+        default="blp",
+        help="which primitives share a kernel: Korch's binary linear program over measured candidates (default), "
+        "greedy fusion across subprograms, or none",
+    )
+    ex = sub.add_parser("explain", help="the rule path of every subprogram and the orchestration of an optimized model")
     ex.add_argument("directory")
     rn = sub.add_parser("run", help="run an optimized model saved by optimize --out")
     rn.add_argument("directory")

@@ -72,8 +72,9 @@ def test_optimize_a_zoo_model_then_run_and_explain_the_saved_program(tmp_path, c
     assert main(["explain", str(out)]) == 0
     explained = capsys.readouterr().out
     assert "== relu1" in explained  # conv1 fused into its activation
+    assert "== orchestration: blp" in explained and "BLP:" in explained  # the kernel orchestration's figures
     # the stitched kernels, the last writing the model's output (how many there are is measured:
-    # fusion across subprograms may make one kernel of the small model)
+    # orchestration may make one kernel of several primitives of the small model)
     assert "as it runs" in explained and "output[2, 1, 12, 12] =" in explained.split("as it runs")[1]
 
 

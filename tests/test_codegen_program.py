@@ -280,7 +280,8 @@ def test_fusion_across_parts_only_at_boundaries_and_only_where_faster(tmp_path, 
     of part two when the fused kernel's stored timing is faster, and the tensor is a boundary
     (a model output is not: it must stay). Either way the values are the same."""
     from codegen.measure import Timing
-    from codegen.program import _step, fuse_boundaries, stitch
+    from codegen.orchestrate import fuse_boundaries
+    from codegen.program import _step, stitch
     from rewriter.lower import fuse
 
     db = MeasurementDB(tmp_path / "m.sqlite")
@@ -288,12 +289,12 @@ def test_fusion_across_parts_only_at_boundaries_and_only_where_faster(tmp_path, 
     stitched = stitch(parts, {"X": (8, 5)})
     relu, transpose = stitched.kernels[1:]
     db.put(_step(fuse(relu, transpose), "tvm", "float32").signature("float32"), Timing(fused_seconds, 0.0, 1, False))
-    program, fusions = fuse_boundaries(stitched, boundaries, db)
-    assert len(program.kernels) == kernels and len(fusions) == 3 - kernels
-    assert [(f.producer, f.consumer) for f in fusions] == [("H", "Y")] * len(fusions)
+    program, plan = fuse_boundaries(stitched, boundaries, db)
+    assert len(program.kernels) == kernels and plan.figures["fusions"] == 3 - kernels
+    assert [k.primitives for k in plan.shared] == [("H", "Y")] * (3 - kernels)
     x = np.random.default_rng(0).uniform(-1, 1, (8, 5))
     _close(program(X=x), 3 * np.maximum(x @ w, 0).T)
-    assert program.cost < stitched.cost if fusions else program.cost == stitched.cost
+    assert program.cost < stitched.cost if plan.shared else program.cost == stitched.cost
 
 
 def test_fusion_across_parts_refuses_a_fused_kernel_that_computes_something_else(tmp_path, monkeypatch):
@@ -301,7 +302,8 @@ def test_fusion_across_parts_refuses_a_fused_kernel_that_computes_something_else
     fusion that forgets the relu) is refused however fast it measures."""
     import codegen.program as program_module
     from codegen.measure import Timing
-    from codegen.program import _step, fuse_boundaries, stitch
+    from codegen.orchestrate import fuse_boundaries
+    from codegen.program import _step, stitch
     from rewriter.ir import rename_tensors
     from rewriter.lower import Kernel
 
@@ -314,8 +316,8 @@ def test_fusion_across_parts_refuses_a_fused_kernel_that_computes_something_else
 
     monkeypatch.setattr(program_module, "fuse", wrong)
     db.put(_step(wrong(*stitched.kernels[1:]), "tvm", "float32").signature("float32"), Timing(1e-9, 0.0, 1, False))
-    program, fusions = fuse_boundaries(stitched, {"H"}, db)
-    assert fusions == [] and len(program.kernels) == 3
+    program, plan = fuse_boundaries(stitched, {"H"}, db)
+    assert plan.shared == [] and len(program.kernels) == 3
 
 
 # --------------------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ def test_ctrl_c_keeps_what_was_derived_and_runs_the_rest_as_written(tmp_path, mo
     weights = {"W1": rng.standard_normal((5, 5)), "W2": rng.standard_normal((5, 3))}
     optimized = optimize_program(program, weights, max_depth=1)
     assert [(s.name, s.state) for s in optimized.subprograms] == [("R", "derived"), ("Y", "identity")]
-    assert optimized.fusions == []
+    assert optimized.orchestration.method == "none"  # interrupted: the stitched kernels as derived
     x = rng.standard_normal((6, 5))
     np.testing.assert_allclose(optimized(X=x), evaluate(program, {"X": x, **weights}), rtol=1e-4, atol=1e-4)
 

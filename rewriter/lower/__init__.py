@@ -6,7 +6,8 @@
 * ``layouts``: layout eOperators that let an operator match re-laid-out operands;
 * ``kernels``: ``Kernel`` and ``Candidate`` (kernels in execution order);
 * ``instantiate``: an expression to a ``Candidate``; ``postprocess``: OLLIE 5.4;
-* ``fusion``: the fusion primitive and its policies (which pairs may fuse, who decides).
+* ``fusion``: the fusion primitive and its policies (which pairs may fuse, who decides);
+* ``orchestrate``: Korch's primitive graph, candidate kernels and binary linear program.
 
 Depends on ``rewriter.ir``, ``rewriter.index`` and ``rewriter.semantics``.
 """

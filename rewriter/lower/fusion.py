@@ -14,8 +14,9 @@ the inter rule ``expression fusion``)        reader that sums nothing, or an   p
 a candidate's kernels (post-processing;      ``fusion_pairs(kernels)``: an     measurement: codegen keeps
 ``postprocess``, then ``codegen.program``)   eOperator read by exactly one     a fusion only where the
                                              later kernel, an eOperator        fused kernel is faster
-a stitched program, across subprograms       ``fusion_pairs`` with the         measurement, and a check
-(``codegen.program.fuse_boundaries``)        producer at a boundary            of the fused results
+a stitched program (``orchestrate``,         convex sets of eOperators with    a binary linear program
+``codegen.orchestrate``; Korch)              one output (convex_candidates)    over measured, checked
+                                                                               candidate kernels
 ===========================================  ================================  =========================
 """
 

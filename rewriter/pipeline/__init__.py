@@ -4,7 +4,15 @@ subprogram by subprogram, stitched and post-processed). Receives its code genera
 ``codegen.backend`` object."""
 
 from .derive import Derivation, derive
-from .program import OptimizedProgram, Subprogram, fuse_elementwise, load_optimized, merge_parallel, optimize_program
+from .program import (
+    OptimizedProgram,
+    Subprogram,
+    fuse_elementwise,
+    load_optimized,
+    merge_parallel,
+    optimize_program,
+    orchestrate_program,
+)
 
 __all__ = [
     "Derivation",
@@ -15,4 +23,5 @@ __all__ = [
     "load_optimized",
     "merge_parallel",
     "optimize_program",
+    "orchestrate_program",
 ]

@@ -1,5 +1,5 @@
 """Whole programs and models (OLLIE Algorithm 1, section 5.1): derive each subprogram, stitch,
-post-process.
+post-process, orchestrate.
 
 A front-end (``load_onnx``, ``from_torch``) gives a ``Program``: one definition per operator,
 non-linear activations their own definitions. Parallel definitions that differ in one input
@@ -9,9 +9,11 @@ derived with the cpu backend (compiled, verified, measured) with the model's con
 weights, so layout eOperators on weights run once at build time (5.4). Subprograms that are equal
 up to tensor names (a repeated ResNet block) are derived once: they are renamed to positional
 names ``ARG0, ARG1, ...`` and fingerprinted. The best program of every subprogram is stitched
-into one compiled program over the model's tensors, and post-processing fuses an eOperator that
-ends one subprogram into the eOperator of the next that alone reads it, where the fused kernel
-measures faster (5.4, Figure 9). Ctrl-C or the time budget stops the search; the subprograms not
+into one compiled program over the model's tensors, whose kernels are then orchestrated (Korch):
+candidate kernels of several eOperators are compiled and measured, and a binary linear program
+chooses which primitives share a kernel, computing one twice where that saves time
+(``backend.orchestrate``; the greedy baseline, OLLIE 5.4's fusion of an eOperator into the one
+that alone reads it across subprograms, is ``orchestration="greedy"``). Ctrl-C or the time budget stops the search; the subprograms not
 reached yet run as their identity kernel, so a result is always written. An opaque definition
 (a gather by run-time indices, ``rewriter.ir.Opaque``) is not searched: it runs its library
 function, and the scopes around it are derived as usual.
@@ -23,14 +25,15 @@ import json
 import shutil
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 
 from codegen.backend import Backend, as_backend
-from codegen.program import Fusion, load
+from codegen.orchestrate import Orchestration
+from codegen.program import load
 from rewriter.ir import Definition, ExpressionError, Opaque, Program, Scope, parse, rename_tensors, tensor_shapes
 from rewriter.lower import Candidate, Kernel, absorbs, instantiate, is_view
 from rewriter.search import eager_closure, fingerprint, registered
@@ -62,13 +65,14 @@ class Subprogram:
 @dataclass
 class OptimizedProgram:
     """A program whose subprograms' derived programs are stitched into one compiled ``program``
-    (post-processed across their boundaries: ``fusions``); callable on the model's inputs."""
+    and orchestrated (``orchestration``: which primitives share a kernel); callable on the
+    model's inputs."""
 
     inputs: dict[str, tuple[int, ...]]
     outputs: tuple[str, ...]
     subprograms: list[Subprogram]
     program: object  # codegen.program.CompiledProgram over the model's tensor names
-    fusions: list = field(default_factory=list)  # codegen.program.Fusion, across subprograms
+    orchestration: Orchestration = field(default_factory=lambda: Orchestration("none"))
 
     @property
     def cost(self) -> float:
@@ -81,7 +85,8 @@ class OptimizedProgram:
         return outs[0] if len(outs) == 1 else outs
 
     def stats(self) -> list[dict]:
-        """One row per subprogram, then one per fusion across subprograms (``stats.jsonl``)."""
+        """One row per subprogram, then one per kernel that computes several primitives
+        (``stats.jsonl``)."""
         rows = [
             {
                 "subprogram": s.name,
@@ -94,8 +99,8 @@ class OptimizedProgram:
             for s in self.subprograms
         ]
         return rows + [
-            {"fused": f.producer, "into": f.consumer, "apart_s": f.seconds_apart, "fused_s": f.seconds_fused}
-            for f in self.fusions
+            {"kernel": k.output, "primitives": list(k.primitives), "apart_s": k.apart_seconds, "fused_s": k.seconds}
+            for k in self.orchestration.shared
         ]
 
     def save(
@@ -130,7 +135,7 @@ class OptimizedProgram:
             "inputs": self.inputs,
             "outputs": self.outputs,
             "subprograms": entries,
-            "fusions": [f.__dict__ for f in self.fusions],
+            "orchestration": self.orchestration.to_json(),
         }
         (partial / "model.json").write_text(json.dumps(meta, indent=1))
         (partial / "stats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in self.stats()))
@@ -174,8 +179,8 @@ def load_optimized(directory: str | Path) -> OptimizedProgram:
             )
         )
     inputs = {n: tuple(s) for n, s in meta["inputs"].items()}
-    fusions = [Fusion(**f) for f in meta["fusions"]]
-    return OptimizedProgram(inputs, tuple(meta["outputs"]), subprograms, load(directory / "program"), fusions)
+    orchestration = Orchestration.from_json(meta["orchestration"])
+    return OptimizedProgram(inputs, tuple(meta["outputs"]), subprograms, load(directory / "program"), orchestration)
 
 
 def merge_parallel(program: Program, cost: Callable[[Scope], float]) -> Program:
@@ -275,21 +280,26 @@ def optimize_program(
     time_limit: float | None = None,
     subprogram_time_limit: float | None = 60.0,
     backend: str | Backend = "cpu",
+    orchestration: str = "blp",
     on_subprogram: Callable[[Subprogram, int, int], None] | None = None,
 ) -> OptimizedProgram:
     """OLLIE Algorithm 1. Merge parallel definitions where that measures faster
     (``merge_parallel``), fuse element-wise definitions and unfolding views into their
     neighbours (``fuse_elementwise``), derive every definition of ``program`` (``weights``: the
     constant inputs, bound into the compiled programs), deduplicated, stitch the best programs
-    into one, and post-process it: eOperators fuse across subprogram boundaries where that
-    measures faster (``backend.fuse_boundaries``). ``time_limit`` bounds the whole search,
+    into one, and orchestrate its kernels (``backend.orchestrate``: ``orchestration`` "blp",
+    Korch's binary linear program over measured candidate kernels, or "greedy", eOperators
+    fused across subprogram boundaries pair by pair where that measures faster; "none" keeps
+    the stitched kernels). ``time_limit`` bounds the whole search,
     ``subprogram_time_limit`` each subprogram's; ``backend`` compiles and measures (a
     ``codegen.backend`` object or its name: ``CpuBackend(tune=N)`` races N TVM schedules per
     generated kernel); ``on_subprogram(sub, k, n)`` reports progress."""
     if not isinstance(program, Program):
         raise ExpressionError(f"optimize_program() takes a Program, got {type(program).__name__}")
     backend = as_backend(backend)
-    if not (hasattr(backend, "stitch") and hasattr(backend, "fuse_boundaries")):
+    if orchestration not in ("blp", "greedy", "none"):
+        raise ExpressionError(f"unknown orchestration {orchestration!r}; known: blp, greedy, none")
+    if not (hasattr(backend, "stitch") and hasattr(backend, "orchestrate")):
         raise ExpressionError(
             f"optimize_program() stitches compiled programs: backend {backend.name!r} compiles none (use 'cpu')"
         )
@@ -317,14 +327,28 @@ def optimize_program(
         if on_subprogram:
             on_subprogram(sub, index, len(program.definitions))
     inputs = {n: s for n, s in program.inputs.items() if n not in weights}
-    stitched, fusions = backend.stitch(parts, inputs), []
-    if not interrupted and (deadline is None or time.perf_counter() < deadline):
-        try:
-            boundaries = {name for name, _ in program.definitions} - set(program.outputs)
-            stitched, fusions = backend.fuse_boundaries(stitched, boundaries)
-        except KeyboardInterrupt:  # Ctrl-C: the stitched program as derived
-            pass
-    return OptimizedProgram(inputs, program.outputs, subprograms, stitched, fusions)
+    stitched = OptimizedProgram(inputs, program.outputs, subprograms, backend.stitch(parts, inputs))
+    remaining = None if deadline is None else deadline - time.perf_counter()
+    if orchestration == "none" or interrupted or (remaining is not None and remaining <= 0):
+        return stitched
+    try:
+        return orchestrate_program(stitched, orchestration, backend, remaining)
+    except KeyboardInterrupt:  # Ctrl-C: the stitched program as derived
+        return stitched
+
+
+def orchestrate_program(
+    optimized: OptimizedProgram, method: str = "blp", backend: str | Backend = "cpu", time_limit: float | None = None
+) -> OptimizedProgram:
+    """``optimized`` with its kernels orchestrated again (``optimize_program``'s last step):
+    "blp", Korch's binary linear program over candidate kernels measured within
+    ``time_limit``, or "greedy", eOperators fused across subprogram boundaries pair by pair."""
+    backend = as_backend(backend)
+    outputs = set(optimized.outputs)
+    boundaries = {s.name for s in optimized.subprograms} - outputs
+    limits = {"time_limit": time_limit} if method == "blp" and time_limit is not None else {}
+    program, plan = backend.orchestrate(optimized.program, outputs, boundaries, method, **limits)
+    return replace(optimized, program=program, orchestration=plan)
 
 
 def _subprogram(

@@ -1,0 +1,189 @@
+"""Kernel orchestration of a stitched program (Korch sections 4-5): which of its primitives
+share a kernel.
+
+``orchestrate(program, required)`` takes the program's kernels as the primitive graph
+(``rewriter.lower.orchestrate``), compiles and measures every candidate kernel (a convex set of
+eOperators with one output, fused into one TVM kernel), checks each against its primitives
+apart on random inputs, and lets the binary linear program choose. Candidates equal up to tensor
+names (a transformer's repeated layers) are compiled, checked and measured once.
+
+``fuse_boundaries`` is the greedy baseline (OLLIE 5.4 post-processing): an eOperator that ends
+one subprogram is fused into the eOperator that alone reads it, pair by pair, where that
+measures faster.
+
+Both return the new program and an ``Orchestration``: which primitives share a kernel, which are
+computed more than once, and the figures (candidates, solver time, gap).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+from rewriter.ir import tensor_shapes
+from rewriter.lower.orchestrate import Choice, Primitives, convex_candidates, fused_kernel, solve
+
+from .measure import MeasurementDB
+from .program import CompiledProgram, Step, _fastest, _fused, _same_results
+from .tvm_kernel import CodegenError
+
+
+@dataclass(frozen=True)
+class SharedKernel:
+    """A kernel of the orchestrated program that computes several primitives."""
+
+    output: str
+    primitives: tuple[str, ...]  # the outputs of the primitives it computes, its own last
+    seconds: float
+    apart_seconds: float  # its primitives each as a kernel of its own
+
+
+@dataclass
+class Orchestration:
+    """How a program's primitives were mapped to kernels (``rewriter explain`` prints it)."""
+
+    method: str  # "blp" or "greedy"
+    shared: list[SharedKernel] = field(default_factory=list)
+    recomputed: dict[str, int] = field(default_factory=dict)  # primitive -> kernels computing it (> 1)
+    figures: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """The plan in a few lines: figures, each shared kernel, each recomputed primitive."""
+        f = self.figures
+        lines = [f"orchestration: {self.method}"]
+        if "primitives" in f:
+            lines.append(
+                f"  {f['primitives']} primitives, {f['candidates']} candidate kernels"
+                f" ({f['measured']} compiled and measured, {f['refused']} refused) in {f['measure_s']} s"
+            )
+        if "variables" in f:
+            lines.append(
+                f"  BLP: {f['variables']} variables, {f['constraints']} constraints, {f['status']}"
+                f" in {f['solve_s']} s, gap {f['gap']}"
+            )
+        if "seconds" in f:
+            lines.append(f"  {f['baseline_seconds'] * 1e3:.3f} ms as primitives -> {f['seconds'] * 1e3:.3f} ms")
+        for k in self.shared:
+            lines.append(
+                f"  {k.output} computes {', '.join(k.primitives)}: "
+                f"{k.apart_seconds * 1e3:.3f} ms apart -> {k.seconds * 1e3:.3f} ms"
+            )
+        for name, times in self.recomputed.items():
+            lines.append(f"  {name} is computed by {times} kernels")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "method": self.method,
+            "shared": [k.__dict__ | {"primitives": list(k.primitives)} for k in self.shared],
+            "recomputed": self.recomputed,
+            "figures": self.figures,
+        }
+
+    @staticmethod
+    def from_json(data: dict) -> Orchestration:
+        shared = [SharedKernel(**(k | {"primitives": tuple(k["primitives"])})) for k in data["shared"]]
+        return Orchestration(data["method"], shared, dict(data["recomputed"]), dict(data["figures"]))
+
+
+def orchestrate(
+    program: CompiledProgram,
+    required: set[str],
+    db: MeasurementDB | None = None,
+    tune: int = 0,
+    max_primitives: int = 5,
+    time_limit: float | None = 60.0,
+    solver_time_limit: float = 10.0,
+) -> tuple[CompiledProgram, Orchestration]:
+    """Korch's orchestration of ``program``: candidate kernels of up to ``max_primitives``
+    eOperators compiled, checked and measured (until ``time_limit`` seconds have passed: the
+    candidates not reached yet are left out), then the BLP's choice. ``required``: the tensors
+    the program must still produce (the model's outputs); the program's last output always is."""
+    timed = program._timed()
+    graph = Primitives.of([s.kernel for s in timed])
+    choices = [Choice((i,), frozenset(tensor_shapes(s.kernel.expr)), s.seconds) for i, s in enumerate(timed)]
+    steps = list(timed)
+    start = time.perf_counter()
+    found = convex_candidates(graph, lambda i: timed[i].kernel.kind == "eop", max_primitives)
+    known: dict[tuple, Step | None] = {}
+    for members in found:
+        if time_limit is not None and time.perf_counter() - start > time_limit:
+            break
+        step = _candidate(graph, members, [timed[m] for m in members], program.dtype, db, tune, known)
+        if step is not None:
+            choices.append(Choice(members, frozenset(tensor_shapes(step.kernel.expr)), step.seconds))
+            steps.append(step)
+    figures = {
+        "primitives": len(timed),
+        "candidates": len(found),
+        "measured": sum(step is not None for step in known.values()),
+        "refused": sum(step is None for step in known.values()),
+        "measure_s": round(time.perf_counter() - start, 2),
+    }
+    plan = solve(graph, choices, set(required) | {program.output}, solver_time_limit)
+    chosen = {choices[i].members[-1]: i for i in plan.chosen}  # output primitive -> its kernel
+    at = {id(s): p for p, s in enumerate(timed)}
+    new_steps = [
+        s if id(s) not in at else steps[chosen[at[id(s)]]]
+        for s in program.steps
+        if id(s) not in at or at[id(s)] in chosen
+    ]
+    computed: dict[str, int] = {}
+    shared = []
+    for i in chosen.values():
+        outputs = tuple(timed[m].kernel.output for m in choices[i].members)
+        for name in outputs:
+            computed[name] = computed.get(name, 0) + 1
+        if len(outputs) > 1:
+            apart = sum(timed[m].seconds for m in choices[i].members)
+            shared.append(SharedKernel(outputs[-1], outputs, choices[i].seconds, apart))
+    figures |= plan.figures | {"seconds": plan.seconds, "baseline_seconds": plan.baseline_seconds}
+    recomputed = {name: n for name, n in computed.items() if n > 1}
+    orchestrated = replace(program, steps=new_steps, constants=dict(program.constants), buffers={}).prepare()
+    return orchestrated, Orchestration("blp", shared, recomputed, figures)
+
+
+def _candidate(
+    graph: Primitives, members: tuple[int, ...], apart: list[Step], dtype: str, db, tune: int, known: dict
+) -> Step | None:
+    """The candidate kernel of ``members`` compiled and measured, or None where TVM refuses it
+    or its results differ from its primitives' apart. Compiled, checked and measured once per
+    form up to tensor names (``known``): renamed positionally, then back."""
+    kernel = fused_kernel(graph, members)
+    names = {t: f"ARG{k}" for k, t in enumerate(tensor_shapes(kernel.expr))} | {kernel.output: "OUT"}
+    back = {v: k for k, v in names.items()}
+    canonical = kernel.renamed(names)
+    key = (str(canonical.expr), tuple(tensor_shapes(canonical.expr).values()), canonical.weight_only)
+    if key not in known:
+        try:
+            step = _fastest(canonical, dtype, db, tune)
+        except CodegenError:
+            step = None
+        if step is not None and _same_results(step.renamed(back, dtype), apart, dtype):
+            CompiledProgram([step], {}, dtype).measure(db)
+            known[key] = step
+        else:
+            known[key] = None
+    return None if known[key] is None else known[key].renamed(back, dtype)
+
+
+def fuse_boundaries(
+    program: CompiledProgram, boundaries: set[str], db: MeasurementDB | None = None, tune: int = 0
+) -> tuple[CompiledProgram, Orchestration]:
+    """The greedy baseline across the parts of a stitched program (OLLIE 5.4, Figure 9): an
+    eOperator that ends one part and is read only by an eOperator of a later one is fused into
+    it where the fused kernel measures faster and computes the same values. ``boundaries``: the
+    tensors the parts hand over (not the model's outputs, which must stay)."""
+    log = []
+    steps = _fused(program.steps, program.dtype, db, tune, producers=boundaries.__contains__, check=True, log=log)
+    primitives: dict[str, tuple[str, ...]] = {}
+    extra: dict[str, float] = {}  # a fused kernel's primitives apart, less the kernel's own time
+    shared: dict[str, SharedKernel] = {}
+    for f in log:
+        primitives[f.consumer] = primitives.pop(f.producer, (f.producer,)) + primitives.get(f.consumer, (f.consumer,))
+        apart = f.seconds_apart + extra.pop(f.producer, 0.0) + extra.get(f.consumer, 0.0)
+        extra[f.consumer] = apart - f.seconds_fused
+        shared.pop(f.producer, None)
+        shared[f.consumer] = SharedKernel(f.consumer, primitives[f.consumer], f.seconds_fused, apart)
+    greedy = replace(program, steps=steps, constants=dict(program.constants), buffers={}).prepare()
+    return greedy, Orchestration("greedy", list(shared.values()), {}, {"fusions": len(log)})

@@ -1,0 +1,172 @@
+"""Kernel orchestration (Korch sections 4-5): which primitives share a kernel, chosen by a binary
+linear program over measured candidate kernels.
+
+The primitive graph is a program's kernels in execution order (each one ``output = expr``): a
+primitive reads the outputs of earlier ones. A *candidate kernel* is a convex set of eOperator
+primitives with one output (Korch Theorem 1: the difference of two execution states), computed
+as one eOperator: its members inlined into its output primitive (``fusion.fuse``). A member may
+also be computed by another kernel: a primitive computed twice (Korch Figure 4c) is the price of
+not writing its result to memory.
+
+Korch enumerates execution states by depth-first search and takes differences of nested
+states; the number of states grows exponentially with the graph's width, so Korch cuts large
+graphs. A single-output candidate is its output primitive plus ancestors whose results only
+flow towards it, so ``convex_candidates`` grows each one directly from its output primitive,
+producer by producer, up to ``max_primitives``: the same candidates up to that size, with no
+cut to place and linear in the graph's length.
+
+``solve`` is Korch's binary linear program (equations 2-4): minimise the summed measured time of
+the chosen kernels such that every required tensor is produced and every input of a chosen
+kernel is produced by a chosen kernel or given. It is solved by HiGHS (``scipy.optimize.milp``)
+under a time limit; a plan not better than the baseline (every primitive its own kernel) is not
+taken.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_array
+
+from rewriter.ir import tensor_shapes
+
+from .fusion import fuse
+from .kernels import Kernel
+
+
+@dataclass(frozen=True)
+class Primitives:
+    """The primitive graph of ``kernels`` (in execution order): who reads whose output."""
+
+    kernels: tuple[Kernel, ...]
+    producers: tuple[frozenset[int], ...]  # position -> positions of the primitives it reads
+    descendants: tuple[int, ...]  # position -> bit set of the primitives that depend on it
+
+    @staticmethod
+    def of(kernels: Sequence[Kernel]) -> Primitives:
+        made = {k.output: i for i, k in enumerate(kernels)}
+        producers = tuple(
+            frozenset(made[t] for t in tensor_shapes(k.expr) if t in made and made[t] < i)
+            for i, k in enumerate(kernels)
+        )
+        descendants = [0] * len(kernels)
+        for i in reversed(range(len(kernels))):
+            for p in producers[i]:
+                descendants[p] |= descendants[i] | (1 << i)
+        return Primitives(tuple(kernels), producers, tuple(descendants))
+
+    def convex(self, members: frozenset[int]) -> bool:
+        """No path leaves ``members`` and comes back (Korch Definition 1: one kernel can run it)."""
+        inside = sum(1 << m for m in members)
+        reached = 0
+        for m in members:
+            reached |= self.descendants[m]
+        outside = reached & ~inside
+        while outside:
+            low = outside & -outside
+            if self.descendants[low.bit_length() - 1] & inside:
+                return False
+            outside ^= low
+        return True
+
+
+def convex_candidates(
+    graph: Primitives, fusible: Callable[[int], bool], max_primitives: int = 3
+) -> list[tuple[int, ...]]:
+    """Every convex set of at most ``max_primitives`` fusible primitives, two or more, whose
+    only output is its last primitive: grown from that primitive, one producer at a time. Each
+    is a tuple of positions in execution order (the output last)."""
+    found: list[tuple[int, ...]] = []
+    for sink in range(len(graph.kernels)):
+        if not fusible(sink):
+            continue
+        level, seen = {frozenset({sink})}, set()
+        for _ in range(max_primitives - 1):
+            grown = set()
+            for members in level:
+                for m in members:
+                    for p in graph.producers[m]:
+                        bigger = members | {p}
+                        if p in members or not fusible(p) or bigger in seen:
+                            continue
+                        seen.add(bigger)
+                        if graph.convex(bigger):
+                            grown.add(bigger)
+            found += [tuple(sorted(s)) for s in grown]
+            level = grown
+    return found
+
+
+def fused_kernel(graph: Primitives, members: Sequence[int]) -> Kernel:
+    """The eOperator computing ``members``' last primitive with the others inlined into it."""
+    kernel = graph.kernels[members[-1]]
+    for m in reversed(members[:-1]):
+        if graph.kernels[m].output in tensor_shapes(kernel.expr):
+            kernel = fuse(graph.kernels[m], kernel)
+    return kernel
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A candidate kernel for the program: ``members`` (positions in the primitive graph, its
+    output last), the tensors it reads, and its measured seconds."""
+
+    members: tuple[int, ...]
+    reads: frozenset[str]
+    seconds: float
+
+
+@dataclass
+class Plan:
+    """The solver's answer: the chosen candidates (indices into the choices given) and its figures."""
+
+    chosen: list[int]
+    seconds: float  # the chosen kernels' summed measured time
+    baseline_seconds: float  # every primitive its own kernel
+    figures: dict = field(default_factory=dict)  # variables, constraints, status, gap, solve_s
+
+
+def solve(graph: Primitives, choices: Sequence[Choice], required: set[str], time_limit: float = 10.0) -> Plan:
+    """Korch's BLP (equations 2-4) over ``choices``, which include every primitive alone (the
+    baseline): minimise the chosen kernels' summed seconds such that every ``required`` tensor
+    is produced (output constraints) and every tensor a chosen kernel reads that a primitive
+    makes is produced by a chosen kernel (dependency constraints). A primitive may be computed
+    by several chosen kernels."""
+    made = {k.output: i for i, k in enumerate(graph.kernels)}
+    producing: dict[int, list[int]] = {}
+    for index, choice in enumerate(choices):
+        producing.setdefault(choice.members[-1], []).append(index)
+    rows: list[list[tuple[int, float]]] = [[(i, 1.0) for i in producing[made[t]]] for t in sorted(required & set(made))]
+    for index, choice in enumerate(choices):
+        for tensor in sorted(choice.reads & set(made)):
+            rows.append([(i, 1.0) for i in producing[made[tensor]]] + [(index, -1.0)])
+    lower = np.array([1.0 if all(v > 0 for _, v in row) else 0.0 for row in rows])
+    entries = [(r, i, v) for r, row in enumerate(rows) for i, v in row]
+    r, c, v = (list(x) for x in zip(*entries)) if entries else ([], [], [])
+    matrix = coo_array((v, (r, c)), shape=(len(rows), len(choices)))
+    start = time.perf_counter()
+    result = milp(
+        np.array([choice.seconds for choice in choices]) * 1e6,  # microseconds: better scaled
+        constraints=LinearConstraint(matrix, lower, np.inf),
+        integrality=np.ones(len(choices)),
+        bounds=Bounds(0, 1),
+        options={"time_limit": time_limit, "disp": False, "mip_rel_gap": 1e-6},
+    )
+    figures = {
+        "variables": len(choices),
+        "constraints": len(rows),
+        "status": result.message,
+        "gap": getattr(result, "mip_gap", None),
+        "solve_s": round(time.perf_counter() - start, 4),
+    }
+    alone = {c.members[0]: i for i, c in enumerate(choices) if len(c.members) == 1}
+    baseline = [alone[p] for p in range(len(graph.kernels))]
+    baseline_seconds = sum(choices[i].seconds for i in baseline)
+    if result.x is None or result.fun / 1e6 >= baseline_seconds:
+        return Plan(baseline, baseline_seconds, baseline_seconds, figures)
+    chosen = [i for i, x in enumerate(result.x) if x > 0.5]
+    return Plan(chosen, sum(choices[i].seconds for i in chosen), baseline_seconds, figures)

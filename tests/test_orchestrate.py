@@ -1,0 +1,173 @@
+"""Kernel orchestration (Korch): candidate kernels of a primitive graph, the binary linear
+program that chooses among them, and the orchestrated program that runs the choice."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from codegen.measure import MeasurementDB
+from codegen.orchestrate import orchestrate
+from codegen.program import CompiledProgram, _step
+from rewriter import evaluate, parse
+from rewriter.ir import tensor_shapes
+from rewriter.lower import Kernel
+from rewriter.lower.orchestrate import Choice, Primitives, convex_candidates, fused_kernel, solve
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cache(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("REWRITER_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
+
+
+def _graph(reads: list[list[int]], n: int = 4) -> Primitives:
+    """Primitives P0, P1, ... where primitive i adds X and the outputs of ``reads[i]``."""
+    kernels = []
+    for i, producers in enumerate(reads):
+        names = ["X", *(f"P{p}" for p in producers)]
+        body = " + ".join(f"{name}[i]" for name in names)
+        kernels.append(Kernel("eop", f"P{i}", parse(f"L i:{n} ; {body}", {name: (n,) for name in names})))
+    return Primitives.of(kernels)
+
+
+@st.composite
+def dags(draw, most: int = 6):
+    """Random primitive graphs: each primitive reads some of the earlier ones."""
+    size = draw(st.integers(2, most))
+    return [sorted(draw(st.sets(st.integers(0, i - 1), max_size=2))) if i else [] for i in range(size)]
+
+
+def _paths(graph: Primitives) -> set[tuple[int, int]]:
+    """(a, b) where b depends on a, by brute force."""
+    reach = {(p, i) for i, producers in enumerate(graph.producers) for p in producers}
+    while True:
+        more = {(a, d) for a, b in reach for c, d in reach if b == c} - reach
+        if not more:
+            return reach
+        reach |= more
+
+
+@settings(max_examples=60, deadline=None)
+@given(dags(), st.integers(2, 3))
+def test_candidates_are_exactly_the_convex_single_output_sets(reads, most):
+    """``convex_candidates`` against brute force: every set of 2..most primitives that is
+    convex (no path leaves it and comes back) and whose members all flow into its last one."""
+    graph = _graph(reads)
+    reach = _paths(graph)
+    want = set()
+    for size in range(2, most + 1):
+        for members in itertools.combinations(range(len(reads)), size):
+            inside, sink = set(members), members[-1]
+            convex = not any(
+                (a, x) in reach and (x, b) in reach
+                for a in inside
+                for b in inside
+                for x in range(len(reads))
+                if x not in inside
+            )
+            flows = all(m == sink or (m, sink) in reach for m in inside)
+            within = all(m == sink or any(m in graph.producers[c] for c in inside) for m in inside)
+            if convex and flows and within:
+                want.add(members)
+    assert set(convex_candidates(graph, lambda i: True, most)) == want
+
+
+def test_the_fused_kernel_computes_its_primitives():
+    graph = _graph([[], [0], [0, 1]])
+    kernel = fused_kernel(graph, (0, 1, 2))
+    x = np.arange(4.0)
+    p0 = x
+    p1 = x + p0
+    np.testing.assert_allclose(evaluate(kernel.expr, {"X": x}), x + p0 + p1)
+
+
+def _choices(graph: Primitives, seconds: dict[tuple[int, ...], float]) -> list[Choice]:
+    return [
+        Choice(members, frozenset(tensor_shapes(fused_kernel(graph, members).expr)), cost)
+        for members, cost in seconds.items()
+    ]
+
+
+def test_korch_figure_4c_computes_the_shared_producer_three_times():
+    """One producer read by three outputs: three kernels that each compute it again cost less
+    than the producer's own kernel plus three (Korch Figure 4c), so the BLP recomputes it."""
+    graph = _graph([[], [0], [0], [0]])
+    alone = {(p,): 1.0 for p in range(4)}
+    fused = {(0, 1): 1.2, (0, 2): 1.2, (0, 3): 1.2}
+    choices = _choices(graph, alone | fused)
+    plan = solve(graph, choices, {"P1", "P2", "P3"})
+    assert sorted(choices[i].members for i in plan.chosen) == [(0, 1), (0, 2), (0, 3)]
+    assert plan.seconds == pytest.approx(3.6) and plan.baseline_seconds == pytest.approx(4.0)
+    # where recomputing costs more than it saves, the producer keeps its own kernel
+    choices = _choices(graph, alone | {k: 1.5 for k in fused})
+    plan = solve(graph, choices, {"P1", "P2", "P3"})
+    assert sorted(choices[i].members for i in plan.chosen) == [(0,), (1,), (2,), (3,)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(dags(most=5), st.data())
+def test_the_plan_is_the_cheapest_feasible_choice(reads, data):
+    """The BLP's plan against brute force over every subset of candidates: each required
+    tensor produced, each input of a chosen kernel produced by a chosen kernel."""
+    graph = _graph(reads)
+    members = [(p,) for p in range(len(reads))] + convex_candidates(graph, lambda i: True, 3)
+    members = members[: len(reads) + 8]
+    costs = data.draw(st.lists(st.integers(1, 20), min_size=len(members), max_size=len(members)))
+    choices = _choices(graph, dict(zip(members, map(float, costs))))
+    required = {f"P{len(reads) - 1}"} | {f"P{p}" for p in data.draw(st.sets(st.integers(0, len(reads) - 1)))}
+    plan = solve(graph, choices, required)
+
+    def feasible(chosen):
+        made = {f"P{choices[i].members[-1]}" for i in chosen}
+        return required <= made and all(t in made for i in chosen for t in choices[i].reads if t != "X")
+
+    best = min(
+        sum(choices[i].seconds for i in chosen)
+        for size in range(1, len(choices) + 1)
+        for chosen in itertools.combinations(range(len(choices)), size)
+        if feasible(chosen)
+    )
+    assert feasible(plan.chosen)
+    assert plan.seconds == pytest.approx(best)
+
+
+def _program(db) -> CompiledProgram:
+    """A = exp(X); B = 2 A; C = A + 1 (B and C the outputs), each its own TVM kernel."""
+    n = (16, 16)
+    texts = [("A", "exp(X[i, j])", "X"), ("B", "2 * A[i, j]", "A"), ("C", "A[i, j] + 1", "A")]
+    steps = [
+        _step(Kernel("eop", out, parse(f"L i:16, j:16 ; {body}", {read: n})), "tvm", "float32")
+        for out, body, read in texts
+    ]
+    program = CompiledProgram(steps, {"X": n})
+    program.measure(db)
+    return program
+
+
+@pytest.mark.parametrize("alone_s, kernels", [(1.0, 2), (1e-12, 3)])
+def test_orchestrated_program_recomputes_where_it_measures_faster(tmp_path, alone_s, kernels):
+    """The primitives of a real compiled program: when their own kernels are slow (here: set
+    so), the BLP takes the two candidate kernels (A, B) and (A, C), computing A twice; when
+    they are fast, it keeps them. The program computes the same values either way."""
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    program = _program(db)
+    for step in program.steps:
+        step.seconds = alone_s
+    orchestrated, plan = orchestrate(program, {"B", "C"}, db)
+    assert len(orchestrated.steps) == kernels
+    assert plan.figures["candidates"] == 2 and plan.figures["measured"] == 2
+    if kernels == 2:
+        assert [k.primitives for k in plan.shared] == [("A", "B"), ("A", "C")]
+        assert plan.recomputed == {"A": 2}
+    else:
+        assert plan.shared == [] and plan.recomputed == {}
+    x = np.random.default_rng(0).uniform(-1, 1, (16, 16)).astype(np.float32)
+    values = orchestrated.run({"X": x}, outputs=("B",))
+    np.testing.assert_allclose(values["B"], 2 * np.exp(x), rtol=1e-5)
+    np.testing.assert_allclose(values["C"], np.exp(x) + 1, rtol=1e-5)
+    assert "BLP" in plan.describe()
