@@ -3,9 +3,12 @@ share a kernel.
 
 ``orchestrate(program, required)`` takes the program's kernels as the primitive graph
 (``rewriter.lower.orchestrate``), compiles and measures every candidate kernel (a convex set of
-eOperators with one output, fused into one TVM kernel), checks each against its primitives
-apart on random inputs, and lets the binary linear program choose. Candidates equal up to tensor
-names (a transformer's repeated layers) are compiled, checked and measured once.
+eOperators with one output, fused into one TVM kernel, where a producer its reader reads once and
+element-wise joins the reader's loop nest: ``codegen.tvm_kernel``, SOUFFLE's vertical
+transformation), checks each against its primitives apart on random inputs, and lets the binary
+linear program choose. Candidates equal up to tensor names (a transformer's repeated layers) are
+compiled, checked and measured once. SIRIUS's dependence widths (``rewriter.lower.dependence``)
+order the candidates measured first and label each shared kernel's inner edges.
 
 ``fuse_boundaries`` is the greedy baseline (OLLIE 5.4 post-processing): an eOperator that ends
 one subprogram is fused into the eOperator that alone reads it, pair by pair, where that
@@ -20,8 +23,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from rewriter.ir import tensor_shapes
-from rewriter.lower.orchestrate import Choice, Primitives, convex_candidates, fused_kernel, solve
+from rewriter.ir import Scope, tensor_shapes
+from rewriter.lower.dependence import WIDTHS, relies
+from rewriter.lower.orchestrate import (
+    Choice,
+    Primitives,
+    convex_candidates,
+    fused_kernel,
+    internal_widths,
+    solve,
+    widest,
+)
 
 from .measure import MeasurementDB
 from .program import CompiledProgram, Step, _fastest, _fused, _same_results
@@ -36,6 +48,7 @@ class SharedKernel:
     primitives: tuple[str, ...]  # the outputs of the primitives it computes, its own last
     seconds: float
     apart_seconds: float  # its primitives each as a kernel of its own
+    widths: tuple[tuple[str, str, str], ...] = ()  # (producer, consumer, dependence width) inside it
 
 
 @dataclass
@@ -53,8 +66,12 @@ class Orchestration:
         lines = [f"orchestration: {self.method}"]
         if "primitives" in f:
             lines.append(
-                f"  {f['primitives']} primitives, {f['candidates']} candidate kernels"
-                f" ({f['measured']} compiled and measured, {f['refused']} refused) in {f['measure_s']} s"
+                f"  {f['primitives']} primitives ({f['reductions']} one-relies-on-many), dependences "
+                + ", ".join(f"{n} {w}" for w, n in f["dependences"].items())
+            )
+            lines.append(
+                f"  {f['candidates']} candidate kernels ({f['measured']} forms compiled and measured,"
+                f" {f['refused']} refused) in {f['measure_s']} s"
             )
         if "variables" in f:
             lines.append(
@@ -64,9 +81,10 @@ class Orchestration:
         if "seconds" in f:
             lines.append(f"  {f['baseline_seconds'] * 1e3:.3f} ms as primitives -> {f['seconds'] * 1e3:.3f} ms")
         for k in self.shared:
+            edges = "; ".join(f"{p} -{w}-> {c}" for p, c, w in k.widths)
             lines.append(
                 f"  {k.output} computes {', '.join(k.primitives)}: "
-                f"{k.apart_seconds * 1e3:.3f} ms apart -> {k.seconds * 1e3:.3f} ms"
+                f"{k.apart_seconds * 1e3:.3f} ms apart -> {k.seconds * 1e3:.3f} ms" + (f" ({edges})" if edges else "")
             )
         for name, times in self.recomputed.items():
             lines.append(f"  {name} is computed by {times} kernels")
@@ -75,14 +93,17 @@ class Orchestration:
     def to_json(self) -> dict:
         return {
             "method": self.method,
-            "shared": [k.__dict__ | {"primitives": list(k.primitives)} for k in self.shared],
+            "shared": [k.__dict__ | {"primitives": list(k.primitives), "widths": list(k.widths)} for k in self.shared],
             "recomputed": self.recomputed,
             "figures": self.figures,
         }
 
     @staticmethod
     def from_json(data: dict) -> Orchestration:
-        shared = [SharedKernel(**(k | {"primitives": tuple(k["primitives"])})) for k in data["shared"]]
+        shared = [
+            SharedKernel(**(k | {"primitives": tuple(k["primitives"]), "widths": tuple(map(tuple, k["widths"]))}))
+            for k in data["shared"]
+        ]
         return Orchestration(data["method"], shared, dict(data["recomputed"]), dict(data["figures"]))
 
 
@@ -105,6 +126,11 @@ def orchestrate(
     steps = list(timed)
     start = time.perf_counter()
     found = convex_candidates(graph, lambda i: timed[i].kernel.kind == "eop", max_primitives)
+    # SIRIUS's widths order what is measured first (a time limit leaves out the last): a
+    # candidate whose primitives depend element-wise can run as one loop nest, one with a global
+    # dependence only saves a call
+    widths = {members: internal_widths(graph, members) for members in found}
+    found.sort(key=lambda members: (widest(widths[members]), len(members)))
     known: dict[tuple, Step | None] = {}
     for members in found:
         if time_limit is not None and time.perf_counter() - start > time_limit:
@@ -113,8 +139,11 @@ def orchestrate(
         if step is not None:
             choices.append(Choice(members, frozenset(tensor_shapes(step.kernel.expr)), step.seconds))
             steps.append(step)
+    edges = internal_widths(graph, range(len(timed)))
     figures = {
         "primitives": len(timed),
+        "reductions": sum(relies(s.kernel.expr) == "one-on-many" for s in timed if isinstance(s.kernel.expr, Scope)),
+        "dependences": {w: sum(width == w for _, _, width in edges) for w in WIDTHS},
         "candidates": len(found),
         "measured": sum(step is not None for step in known.values()),
         "refused": sum(step is None for step in known.values()),
@@ -136,7 +165,8 @@ def orchestrate(
             computed[name] = computed.get(name, 0) + 1
         if len(outputs) > 1:
             apart = sum(timed[m].seconds for m in choices[i].members)
-            shared.append(SharedKernel(outputs[-1], outputs, choices[i].seconds, apart))
+            edges = widths[choices[i].members]
+            shared.append(SharedKernel(outputs[-1], outputs, choices[i].seconds, apart, edges))
     figures |= plan.figures | {"seconds": plan.seconds, "baseline_seconds": plan.baseline_seconds}
     recomputed = {name: n for name, n in computed.items() if n > 1}
     orchestrated = replace(program, steps=new_steps, constants=dict(program.constants), buffers={}).prepare()

@@ -7,6 +7,11 @@ compiles it with LLVM for the host CPU. The lowering reproduces ``rewriter.seman
   ``x``); a nested scope is a closed term, so equal nested scopes share one stage, evaluated once;
 * a nested scope that only re-indexes (no summation, body one access) is inlined: its indices are
   substituted into the read, and "inside its box" joins the read's bounds conditions;
+* a nested scope that sums nothing, read once in its stage and injectively over the stage's box
+  (each element at one point of its traversal and summation), is composed into that stage's
+  loop nest: its body is substituted at the read, 0 outside its box (SOUFFLE's vertical
+  transformation of one-relies-on-one expressions: nothing is computed twice, no buffer between;
+  softmax's exp inside its sum);
 * a read outside a tensor's (or stage's) bounds is 0. Exact index bounds (``index_bounds``) drop
   the conditions that always hold and the reads that are always outside; what remains reads a
   zero-padded copy of the source (a padding stage: loads stay unconditional, so they vectorise)
@@ -30,7 +35,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from rewriter.index import affine_coefficients, index_bounds, row_major
+from rewriter.index import affine_coefficients, index_bounds, is_injective, row_major
 from rewriter.ir import (
     Access,
     Binary,
@@ -49,6 +54,7 @@ from rewriter.ir import (
     accesses,
     constant_value,
     index_vars,
+    substitute,
     substitute_index,
     tensor_shapes,
 )
@@ -153,6 +159,14 @@ def host_target(target: str | dict = "llvm") -> tvm.target.Target:
 def _is_reindexing(scope: Scope) -> bool:
     """A scope that only moves elements: inlining it costs nothing and saves a stage."""
     return not scope.summation and isinstance(scope.body, Access)
+
+
+def _all_reads(body: Scalar):
+    """Every access in ``body`` and in the bodies of the scopes it reads, however deep."""
+    for access in accesses(body):
+        yield access
+        if isinstance(access.source, Scope):
+            yield from _all_reads(access.source.body)
 
 
 def _box(scope: Scope) -> dict[str, tuple[int, int]]:
@@ -315,8 +329,7 @@ class _Lowering:
                 return getattr(tvm.tirx, fn)(x)
         raise CodegenError(f"unknown function {fn!r}")
 
-    @staticmethod
-    def binary(op: str, a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
+    def binary(self, op: str, a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
         match op:
             case "+":
                 return a + b
@@ -342,7 +355,7 @@ class _Lowering:
             case "less" | "less_equal" | "greater" | "greater_equal" | "equal":
                 holds = {"less": a < b, "less_equal": a <= b, "greater": a > b, "greater_equal": a >= b}.get(op)
                 holds = tvm.tirx.EQ(a, b) if op == "equal" else holds
-                return tvm.tirx.Select(holds, tvm.tirx.const(1.0, a.dtype), tvm.tirx.const(0.0, a.dtype))
+                return tvm.tirx.Select(holds, tvm.tirx.const(1.0, self.dtype), self.zero)
         raise CodegenError(f"unknown operator {op!r}")
 
     # -- reads
@@ -355,6 +368,12 @@ class _Lowering:
             own = [(ix, it.lo, it.hi) for ix, it in zip(indices, source.traversal)]
             composed = tuple(substitute_index(ix, mapping) for ix in inner.indices)
             return self.read(inner.source, composed, conditions + own, env, box)
+        if isinstance(source, Scope) and self._composes(source, indices, box):
+            mapping = {it.name: ix for it, ix in zip(source.traversal, indices)}
+            value = self.scalar(substitute(source.body, mapping), env, box)
+            checks = conditions + [(ix, it.lo, it.hi) for ix, it in zip(indices, source.traversal)]
+            guards = self._guards(checks, env, box)
+            return tvm.tirx.if_then_else(tvm.tirx.all(*guards), value, self.zero) if guards else value
         lows = [0] * source.rank if isinstance(source, Tensor) else [it.lo for it in source.traversal]
         shape = tuple(source.shape)
         checks = conditions + [(ix, lo, lo + d) for ix, lo, d in zip(indices, lows, shape)]
@@ -377,14 +396,31 @@ class _Lowering:
         buffer_shape = tuple(int(d) for d in buffer.shape)
         self.building[-1].reads.append((tuple(indices), buffer_shape))
         self.fits_int32 = self.fits_int32 and _fits_int32(indices, lows, buffer_shape, box)
+        guards = self._guards(checks, env, box)
+        return tvm.tirx.if_then_else(tvm.tirx.all(*guards), load, self.zero) if guards else load
+
+    def _guards(self, checks, env, box) -> list:
+        """``lo <= index < hi`` for each check the index's bounds over ``box`` do not prove."""
         guards = []
-        for (ix, lo, hi), (b_lo, b_hi) in zip(checks, bounds):
+        for ix, lo, hi in checks:
+            b_lo, b_hi = index_bounds(ix, box)
             value = self.index(ix, env, box)
             if b_lo < lo:
                 guards.append(value >= tvm.tirx.const(lo, self.ix_dtype))
             if b_hi >= hi:
                 guards.append(value < tvm.tirx.const(hi, self.ix_dtype))
-        return tvm.tirx.if_then_else(tvm.tirx.all(*guards), load, self.zero) if guards else load
+        return guards
+
+    def _composes(self, source: Scope, indices, box) -> bool:
+        """Whether a nested scope is composed into the stage being built rather than computed as a
+        stage of its own: it sums nothing, and the stage reads it once, injectively over the
+        stage's box (each element at one point of the traversal and summation: nothing is
+        computed twice; a matmul's operand, read once per column, stays a stage)."""
+        stage = self.building[-1].scope
+        if source.summation or sum(1 for a in _all_reads(stage.body) if a.source == source) != 1:
+            return False
+        own = {n: r for n, r in box.items() if n in {it.name for it in stage.iterators}}
+        return not any(index_vars(ix) - set(own) for ix in indices) and is_injective(indices, own)
 
     def _along_lanes(self, outside, indices, shape) -> bool:
         """Whether a bounds check would vary along vector lanes: the innermost traversal loop, or

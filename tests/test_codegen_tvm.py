@@ -295,3 +295,36 @@ def test_compile_errors_name_the_scope(monkeypatch):
     expr = parse("L i:3 ; A[i] * 2", {"A": (3,)})
     with pytest.raises(CodegenError, match=r"L i:3 ; A\[i\] \* 2"):
         compile_scope(expr, dtype="float64")
+
+
+X16 = {"X": (16, 16)}
+
+
+@pytest.mark.parametrize(
+    "text, stages",
+    [
+        ("L i:16, j:16 ; 2 * { L a:16, b:16 ; exp(X[a, b]) }[i, j]", 1),  # composed: one loop nest
+        ("L j:16, i:16 ; { L a:16, b:16 ; exp(X[a, b]) + 1 }[i, j]", 1),  # a transposed read too
+        ("L i:16, j:16 ; { L a:16, b:16 ; exp(X[a, b]) }[i + 1, j]", 1),  # 0 past its last row
+        ("L i:16, j:16 ; 2 * { L a:16, b:16 ; exp(X[a, b]) }[i, j] * { L a:16, b:16 ; exp(X[a, b]) }[i, j]", 2),
+        ("L i:16 ; S j:16 ; { L a:16, b:16 ; exp(X[a, b]) }[i, j]", 1),  # summed, each element once
+        ("L i:16, k:16 ; S j:16 ; { L a:16, b:16 ; exp(X[a, b]) }[i, j] * X[j, k]", 2),  # once per k: a stage
+        ("L i:16, j:16 ; { L a:16 ; exp(X[a, a]) }[i]", 2),  # a broadcast would repeat the exp
+        ("L i:16, j:16 ; { L a:16 ; S b:16 ; X[a, b] }[i] * X[i, j]", 2),  # a reduction stays a stage
+    ],
+)
+def test_an_elementwise_scope_read_once_is_composed_into_its_reader(text, stages):
+    """SOUFFLE's vertical transformation in the lowering: a nested scope that sums nothing and is
+    read once, injectively over its reader's box, becomes part of its reader's loop nest;
+    anything else stays a stage of its own (computed once). The values are the reference's
+    either way."""
+    expr = parse(text, X16)
+    assert len([s for s in lower_to_te(expr, "float64", pad=False).stages if s.traversal]) == stages
+    assert_matches(expr, random_inputs(expr, seed=0))
+
+
+def test_a_comparison_of_a_composed_difference():
+    """A 0/1 mask compared after composition (RoBERTa's position ids: ``1 - (ids == 1) >= 0``)
+    compares an arithmetic expression, not a load."""
+    expr = parse("L i:16 ; greater_equal({ L a:16 ; 1 - equal(X[a, a], 1) }[i], 0)", X16)
+    assert_matches(expr, {"X": np.where(np.eye(16) > 0, 1.0, 0.5)})

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from codegen.measure import MeasurementDB
 from codegen.orchestrate import orchestrate
 from codegen.program import CompiledProgram, _step
+from codegen.tvm_kernel import lower_to_te
 from rewriter import evaluate, parse
 from rewriter.ir import tensor_shapes
 from rewriter.lower import Kernel
@@ -164,10 +165,14 @@ def test_orchestrated_program_recomputes_where_it_measures_faster(tmp_path, alon
     if kernels == 2:
         assert [k.primitives for k in plan.shared] == [("A", "B"), ("A", "C")]
         assert plan.recomputed == {"A": 2}
+        assert [k.widths for k in plan.shared] == [(("A", "B", "element-wise"),), (("A", "C", "element-wise"),)]
+        # vertical transformation in the lowering: each pair is one loop nest, no stage for A
+        assert all(len(lower_to_te(step.kernel.expr, "float32", pad=False).stages) == 1 for step in orchestrated.steps)
     else:
         assert plan.shared == [] and plan.recomputed == {}
     x = np.random.default_rng(0).uniform(-1, 1, (16, 16)).astype(np.float32)
     values = orchestrated.run({"X": x}, outputs=("B",))
     np.testing.assert_allclose(values["B"], 2 * np.exp(x), rtol=1e-5)
     np.testing.assert_allclose(values["C"], np.exp(x) + 1, rtol=1e-5)
-    assert "BLP" in plan.describe()
+    assert "BLP" in plan.describe() and "2 element-wise" in plan.describe()
+    assert plan.figures["dependences"] == {"element-wise": 2, "tile-local": 0, "global": 0}

@@ -48,17 +48,12 @@ class Kernel:
     @property
     def cost(self) -> float:
         """Analytic stand-in: compute time plus the bytes the kernel reads and writes."""
-        moved = 4 * (math.prod(self.expr.shape) + sum(math.prod(s) for s in tensor_shapes(self.expr).values()))
-        fixed = LAUNCH_SECONDS + moved / BYTES_PER_SECOND
+        fixed = LAUNCH_SECONDS + moved_bytes(self.expr) / BYTES_PER_SECOND
         if self.kind == "opaque":
             return fixed
         if self.operator is not None:
             return self.operator.flops(self.expr) / BLAS_FLOPS + fixed
-        # a fused eOperator still computes its nested scopes (once each): count their work too
-        work = sum(
-            math.prod(it.size for it in s.iterators) * _op_count(s.body) for s in (self.expr, *nested_scopes(self.expr))
-        )
-        return work / EOP_OPS + fixed
+        return work(self.expr) / EOP_OPS + fixed
 
     def with_expr(self, expr: Scope) -> Kernel:
         """The same kernel over a renamed expression (matched again, by its own operator: the
@@ -80,11 +75,23 @@ class Kernel:
         return f"{self.output} = {self.kind}{marks}: {self.expr}"
 
 
-def _op_count(body: Scalar) -> int:
+def moved_bytes(expr: Scope | Opaque) -> int:
+    """Bytes a kernel reads and writes once each (4-byte elements)."""
+    return 4 * (math.prod(expr.shape) + sum(math.prod(s) for s in tensor_shapes(expr).values()))
+
+
+def work(expr: Scope) -> int:
+    """Scalar operations a scope computes, its nested scopes (each once, as a fused eOperator
+    computes them) included."""
+    return sum(math.prod(it.size for it in s.iterators) * op_count(s.body) for s in (expr, *nested_scopes(expr)))
+
+
+def op_count(body: Scalar) -> int:
+    """Scalar operations in ``body``, each read and constant counted as one."""
     if isinstance(body, Unary):
-        return 1 + _op_count(body.arg)
+        return 1 + op_count(body.arg)
     if isinstance(body, Binary):
-        return 1 + _op_count(body.lhs) + _op_count(body.rhs)
+        return 1 + op_count(body.lhs) + op_count(body.rhs)
     return 1
 
 

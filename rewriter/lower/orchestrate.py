@@ -34,6 +34,7 @@ from scipy.sparse import coo_array
 
 from rewriter.ir import tensor_shapes
 
+from .dependence import WIDTHS, width
 from .fusion import fuse
 from .kernels import Kernel
 
@@ -75,7 +76,7 @@ class Primitives:
 
 
 def convex_candidates(
-    graph: Primitives, fusible: Callable[[int], bool], max_primitives: int = 3
+    graph: Primitives, fusible: Callable[[int], bool], max_primitives: int = 5
 ) -> list[tuple[int, ...]]:
     """Every convex set of at most ``max_primitives`` fusible primitives, two or more, whose
     only output is its last primitive: grown from that primitive, one producer at a time. Each
@@ -99,6 +100,22 @@ def convex_candidates(
             found += [tuple(sorted(s)) for s in grown]
             level = grown
     return found
+
+
+def internal_widths(graph: Primitives, members: Sequence[int]) -> tuple[tuple[str, str, str], ...]:
+    """(producer, consumer, dependence width) for each edge inside a candidate
+    (``dependence.width``: how tightly the fused kernel can interleave the two)."""
+    inside = set(members)
+    return tuple(
+        (graph.kernels[p].output, graph.kernels[c].output, width(graph.kernels[c].expr, graph.kernels[p].output))
+        for c in members
+        for p in sorted(graph.producers[c] & inside)
+    )
+
+
+def widest(widths: Sequence[tuple[str, str, str]]) -> int:
+    """The rank of the widest dependence among ``widths`` (0 element-wise, 1 tile-local, 2 global)."""
+    return max((WIDTHS.index(w) for _, _, w in widths), default=0)
 
 
 def fused_kernel(graph: Primitives, members: Sequence[int]) -> Kernel:

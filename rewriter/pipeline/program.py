@@ -179,7 +179,7 @@ def load_optimized(directory: str | Path) -> OptimizedProgram:
             )
         )
     inputs = {n: tuple(s) for n, s in meta["inputs"].items()}
-    orchestration = Orchestration.from_json(meta["orchestration"])
+    orchestration = Orchestration.from_json(meta["orchestration"]) if "orchestration" in meta else Orchestration("none")
     return OptimizedProgram(inputs, tuple(meta["outputs"]), subprograms, load(directory / "program"), orchestration)
 
 
