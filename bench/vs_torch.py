@@ -90,7 +90,8 @@ def orchestration_columns(programs: dict, seconds: dict) -> dict:
         "shared_kernels": len(programs["blp"].orchestration.shared),
         "recomputed": len(programs["blp"].orchestration.recomputed),
         **{
-            f"blp_{k}": figures.get(k) for k in ("candidates", "measured", "variables", "constraints", "solve_s", "gap")
+            f"blp_{k}": figures.get(k)
+            for k in ("candidates", "measured", "refused", "variables", "constraints", "solve_s", "gap")
         },
     }
 

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from rewriter.ir import Scope, tensor_shapes
+from rewriter.lower import Kernel
 from rewriter.lower.dependence import WIDTHS, relies
 from rewriter.lower.orchestrate import (
     Choice,
@@ -36,7 +37,7 @@ from rewriter.lower.orchestrate import (
 )
 
 from .measure import MeasurementDB
-from .program import CompiledProgram, Step, _fastest, _fused, _same_results
+from .program import CompiledProgram, Step, _fastest, _fused, _same_results, remeasure
 from .tvm_kernel import CodegenError
 
 
@@ -118,12 +119,14 @@ def orchestrate(
 ) -> tuple[CompiledProgram, Orchestration]:
     """Korch's orchestration of ``program``: candidate kernels of up to ``max_primitives``
     eOperators compiled, checked and measured (until ``time_limit`` seconds have passed: the
-    candidates not reached yet are left out), then the BLP's choice. ``required``: the tensors
-    the program must still produce (the model's outputs); the program's last output always is."""
+    candidates not reached yet are left out), every form then timed again in turns with the
+    primitives' own kernels (so that the BLP compares times taken side by side, not minutes
+    apart), then the BLP's choice. ``required``: the tensors the program must still produce (the
+    model's outputs); the program's last output always is."""
     timed = program._timed()
     graph = Primitives.of([s.kernel for s in timed])
-    choices = [Choice((i,), frozenset(tensor_shapes(s.kernel.expr)), s.seconds) for i, s in enumerate(timed)]
-    steps = list(timed)
+    forms: dict[tuple, Step | None] = {}  # canonical form -> its compiled step (None: refused)
+    alone = [_form(s.kernel, forms, lambda canonical, s=s: s.renamed(_names(s.kernel), program.dtype)) for s in timed]
     start = time.perf_counter()
     found = convex_candidates(graph, lambda i: timed[i].kernel.kind == "eop", max_primitives)
     # SIRIUS's widths order what is measured first (a time limit leaves out the last): a
@@ -131,70 +134,93 @@ def orchestrate(
     # dependence only saves a call
     widths = {members: internal_widths(graph, members) for members in found}
     found.sort(key=lambda members: (widest(widths[members]), len(members)))
-    known: dict[tuple, Step | None] = {}
+    candidates = []  # (members, the fused kernel, its form)
     for members in found:
         if time_limit is not None and time.perf_counter() - start > time_limit:
             break
-        step = _candidate(graph, members, [timed[m] for m in members], program.dtype, db, tune, known)
-        if step is not None:
-            choices.append(Choice(members, frozenset(tensor_shapes(step.kernel.expr)), step.seconds))
-            steps.append(step)
+        kernel = fused_kernel(graph, members)
+        apart = [timed[m] for m in members]
+        make = lambda c, kernel=kernel, apart=apart: _compiled(c, kernel, apart, program.dtype, db, tune)  # noqa: E731
+        candidates.append((members, kernel, _form(kernel, forms, make)))
+    measured = [step for step in forms.values() if step is not None]
+    left = 3600.0 if time_limit is None else max(0.0, time_limit - (time.perf_counter() - start))
+    each = min(0.1, max(0.005, left / (3 * len(measured) + 1)))  # three turns, within what is left
+    remeasure([CompiledProgram(measured, {}, program.dtype)], db, max_seconds=each)
     edges = internal_widths(graph, range(len(timed)))
     figures = {
         "primitives": len(timed),
         "reductions": sum(relies(s.kernel.expr) == "one-on-many" for s in timed if isinstance(s.kernel.expr, Scope)),
         "dependences": {w: sum(width == w for _, _, width in edges) for w in WIDTHS},
         "candidates": len(found),
-        "measured": sum(step is not None for step in known.values()),
-        "refused": sum(step is None for step in known.values()),
+        "measured": len({key for _, _, key in candidates if forms[key] is not None}),
+        "refused": len({key for _, _, key in candidates if forms[key] is None}),
         "measure_s": round(time.perf_counter() - start, 2),
     }
+    choices = [
+        Choice((i,), frozenset(tensor_shapes(s.kernel.expr)), forms[alone[i]].seconds) for i, s in enumerate(timed)
+    ]
+    made = [replace(s, seconds=forms[alone[i]].seconds) for i, s in enumerate(timed)]
+    for members, kernel, key in candidates:
+        if forms[key] is not None:
+            choices.append(Choice(members, frozenset(tensor_shapes(kernel.expr)), forms[key].seconds))
+            made.append(forms[key].renamed({v: k for k, v in _names(kernel).items()}, program.dtype))
     plan = solve(graph, choices, set(required) | {program.output}, solver_time_limit)
     chosen = {choices[i].members[-1]: i for i in plan.chosen}  # output primitive -> its kernel
     at = {id(s): p for p, s in enumerate(timed)}
     new_steps = [
-        s if id(s) not in at else steps[chosen[at[id(s)]]]
+        s if id(s) not in at else made[chosen[at[id(s)]]]
         for s in program.steps
         if id(s) not in at or at[id(s)] in chosen
     ]
+    figures |= plan.figures | {"seconds": plan.seconds, "baseline_seconds": plan.baseline_seconds}
+    orchestrated = replace(program, steps=new_steps, constants=dict(program.constants), buffers={}).prepare()
+    return orchestrated, _plan_report(graph, [choices[i] for i in chosen.values()], choices, widths, figures)
+
+
+def _plan_report(graph: Primitives, chosen: list[Choice], choices: list[Choice], widths, figures) -> Orchestration:
+    """The chosen kernels that compute several primitives (their time apart: the primitives'
+    own kernels, ``choices[p]``), and the primitives computed by more than one kernel."""
     computed: dict[str, int] = {}
     shared = []
-    for i in chosen.values():
-        outputs = tuple(timed[m].kernel.output for m in choices[i].members)
+    for choice in chosen:
+        outputs = tuple(graph.kernels[m].output for m in choice.members)
         for name in outputs:
             computed[name] = computed.get(name, 0) + 1
         if len(outputs) > 1:
-            apart = sum(timed[m].seconds for m in choices[i].members)
-            edges = widths[choices[i].members]
-            shared.append(SharedKernel(outputs[-1], outputs, choices[i].seconds, apart, edges))
-    figures |= plan.figures | {"seconds": plan.seconds, "baseline_seconds": plan.baseline_seconds}
+            apart = sum(choices[m].seconds for m in choice.members)
+            shared.append(SharedKernel(outputs[-1], outputs, choice.seconds, apart, widths[choice.members]))
     recomputed = {name: n for name, n in computed.items() if n > 1}
-    orchestrated = replace(program, steps=new_steps, constants=dict(program.constants), buffers={}).prepare()
-    return orchestrated, Orchestration("blp", shared, recomputed, figures)
+    return Orchestration("blp", shared, recomputed, figures)
 
 
-def _candidate(
-    graph: Primitives, members: tuple[int, ...], apart: list[Step], dtype: str, db, tune: int, known: dict
-) -> Step | None:
-    """The candidate kernel of ``members`` compiled and measured, or None where TVM refuses it
-    or its results differ from its primitives' apart. Compiled, checked and measured once per
-    form up to tensor names (``known``): renamed positionally, then back."""
-    kernel = fused_kernel(graph, members)
-    names = {t: f"ARG{k}" for k, t in enumerate(tensor_shapes(kernel.expr))} | {kernel.output: "OUT"}
-    back = {v: k for k, v in names.items()}
-    canonical = kernel.renamed(names)
-    key = (str(canonical.expr), tuple(tensor_shapes(canonical.expr).values()), canonical.weight_only)
-    if key not in known:
-        try:
-            step = _fastest(canonical, dtype, db, tune)
-        except CodegenError:
-            step = None
-        if step is not None and _same_results(step.renamed(back, dtype), apart, dtype):
-            CompiledProgram([step], {}, dtype).measure(db)
-            known[key] = step
-        else:
-            known[key] = None
-    return None if known[key] is None else known[key].renamed(back, dtype)
+def _names(kernel: Kernel) -> dict[str, str]:
+    """Positional tensor names for ``kernel``: its inputs ``ARG0, ARG1, ..`` in reading order,
+    its output ``OUT``; forms equal up to tensor names meet under them."""
+    return {t: f"ARG{k}" for k, t in enumerate(tensor_shapes(kernel.expr))} | {kernel.output: "OUT"}
+
+
+def _form(kernel: Kernel, forms: dict, make) -> tuple:
+    """The key of ``kernel``'s form in ``forms``, its step made by ``make(canonical kernel)`` the
+    first time the form is seen."""
+    canonical = kernel.renamed(_names(kernel))
+    key = (str(canonical.expr), tuple(tensor_shapes(canonical.expr).values()), canonical.kind, canonical.weight_only)
+    if key not in forms:
+        forms[key] = make(canonical)
+    return key
+
+
+def _compiled(canonical: Kernel, kernel: Kernel, apart: list[Step], dtype: str, db, tune: int) -> Step | None:
+    """A candidate kernel compiled (``canonical``: over positional names) and measured, or None
+    where TVM refuses it or its results differ from its primitives' apart (``apart``)."""
+    try:
+        step = _fastest(canonical, dtype, db, tune)
+    except CodegenError:
+        return None
+    back = {v: k for k, v in _names(kernel).items()}
+    if not _same_results(step.renamed(back, dtype), apart, dtype):
+        return None
+    CompiledProgram([step], {}, dtype).measure(db)
+    return step
 
 
 def fuse_boundaries(

@@ -8,12 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import codegen.orchestrate as orchestrate_module
 from codegen.measure import MeasurementDB
 from codegen.orchestrate import orchestrate
 from codegen.program import CompiledProgram, _step
 from codegen.tvm_kernel import lower_to_te
 from rewriter import evaluate, parse
-from rewriter.ir import tensor_shapes
+from rewriter.ir import nested_scopes, tensor_shapes
 from rewriter.lower import Kernel
 from rewriter.lower.orchestrate import Choice, Primitives, convex_candidates, fused_kernel, solve
 
@@ -151,15 +152,24 @@ def _program(db) -> CompiledProgram:
 
 
 @pytest.mark.parametrize("alone_s, kernels", [(1.0, 2), (1e-12, 3)])
-def test_orchestrated_program_recomputes_where_it_measures_faster(tmp_path, alone_s, kernels):
-    """The primitives of a real compiled program: when their own kernels are slow (here: set
-    so), the BLP takes the two candidate kernels (A, B) and (A, C), computing A twice; when
-    they are fast, it keeps them. The program computes the same values either way."""
+def test_orchestrated_program_recomputes_where_it_measures_faster(tmp_path, monkeypatch, alone_s, kernels):
+    """The primitives of a real compiled program: when their own kernels are slow (here: their
+    timing in turns set so), the BLP takes the two candidate kernels (A, B) and (A, C),
+    computing A twice; when they are fast, it keeps them. The program computes the same values
+    either way."""
     db = MeasurementDB(tmp_path / "m.sqlite")
     program = _program(db)
-    for step in program.steps:
-        step.seconds = alone_s
+    timed_again = []
+
+    def in_turns(programs, db, **timing):  # the primitives alone take alone_s; fused kernels as measured
+        for step in programs[0].steps:
+            timed_again.append(step.kernel.output)
+            if not list(nested_scopes(step.kernel.expr)):
+                step.seconds = alone_s
+
+    monkeypatch.setattr(orchestrate_module, "remeasure", in_turns)
     orchestrated, plan = orchestrate(program, {"B", "C"}, db)
+    assert timed_again == ["OUT"] * 5  # every form once, over positional names: 3 alone, 2 fused
     assert len(orchestrated.steps) == kernels
     assert plan.figures["candidates"] == 2 and plan.figures["measured"] == 2
     if kernels == 2:
