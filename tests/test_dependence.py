@@ -4,6 +4,7 @@ and SIRIUS's dependence widths, on hand-written producer/consumer pairs of each 
 import pytest
 
 from rewriter import parse
+from rewriter.ir import Opaque, Tensor
 from rewriter.lower import Kernel
 from rewriter.lower.dependence import intensity, relies, reused, width
 
@@ -35,8 +36,6 @@ def test_dependence_width(consumer, shapes, expected):
 
 
 def test_an_opaque_reader_depends_globally():
-    from rewriter.ir import Opaque, Tensor
-
     gather = Opaque("gather", (Tensor("W", (10, 4)), Tensor("ids", (3,))), (("axis", 0),))
     assert width(gather, "ids") == "global" and width(gather, "X") == "element-wise"
 

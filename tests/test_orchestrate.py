@@ -13,10 +13,11 @@ from codegen.measure import MeasurementDB
 from codegen.orchestrate import orchestrate
 from codegen.program import CompiledProgram, _step
 from codegen.tvm_kernel import lower_to_te
-from rewriter import evaluate, parse
-from rewriter.ir import nested_scopes, tensor_shapes
+from rewriter import evaluate, parse, parse_program
+from rewriter.ir import ExpressionError, nested_scopes, tensor_shapes
 from rewriter.lower import Kernel
 from rewriter.lower.orchestrate import Choice, Primitives, convex_candidates, fused_kernel, solve
+from rewriter.pipeline import optimize_program
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -186,3 +187,9 @@ def test_orchestrated_program_recomputes_where_it_measures_faster(tmp_path, monk
     np.testing.assert_allclose(values["C"], np.exp(x) + 1, rtol=1e-5)
     assert "BLP" in plan.describe() and "2 element-wise" in plan.describe()
     assert plan.figures["dependences"] == {"element-wise": 2, "tile-local": 0, "global": 0}
+
+
+def test_an_unknown_orchestration_is_refused_by_name():
+    program = parse_program("Y = L i:4 ; 2 * X[i]\nreturn Y", {"X": (4,)})
+    with pytest.raises(ExpressionError, match="unknown orchestration 'fastest'; known: blp, greedy, none"):
+        optimize_program(program, {}, orchestration="fastest")

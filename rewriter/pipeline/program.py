@@ -13,8 +13,9 @@ into one compiled program over the model's tensors, whose kernels are then orche
 candidate kernels of several eOperators are compiled and measured, and a binary linear program
 chooses which primitives share a kernel, computing one twice where that saves time
 (``backend.orchestrate``; the greedy baseline, OLLIE 5.4's fusion of an eOperator into the one
-that alone reads it across subprograms, is ``orchestration="greedy"``). Ctrl-C or the time budget stops the search; the subprograms not
-reached yet run as their identity kernel, so a result is always written. An opaque definition
+that alone reads it across subprograms, is ``orchestration="greedy"``). Ctrl-C or the time
+budget stops the search; the subprograms not reached yet run as their identity kernel, so a
+result is always written. An opaque definition
 (a gather by run-time indices, ``rewriter.ir.Opaque``) is not searched: it runs its library
 function, and the scopes around it are derived as usual.
 """
@@ -343,6 +344,8 @@ def orchestrate_program(
     """``optimized`` with its kernels orchestrated again (``optimize_program``'s last step):
     "blp", Korch's binary linear program over candidate kernels measured within
     ``time_limit``, or "greedy", eOperators fused across subprogram boundaries pair by pair."""
+    if method not in ("blp", "greedy"):
+        raise ExpressionError(f"unknown orchestration {method!r}; known: blp, greedy")
     backend = as_backend(backend)
     outputs = set(optimized.outputs)
     boundaries = {s.name for s in optimized.subprograms} - outputs
