@@ -17,6 +17,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -24,6 +25,16 @@ settings.register_profile("default", max_examples=200, **_COMMON)
 settings.register_profile("ci", max_examples=200, **_COMMON)
 settings.register_profile("dev", max_examples=30, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory):
+    """Kernels and measurements of one test module in a fresh cache (shared by its tests); a
+    module opts in with ``pytestmark = pytest.mark.usefixtures("module_cache")``."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("REWRITER_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
 
 
 def _gpu() -> str | None:
@@ -42,8 +53,6 @@ def pytest_collection_modifyitems(config, items):
     """Tests marked ``slow`` (full-size searches, minutes each) run with ``RUN_SLOW=1`` or
     ``-m slow``; the default run skips them so it stays well under CI's budget. Tests marked
     ``gpu`` skip, saying why, where CuPy or the GPU is missing."""
-    import pytest
-
     no_gpu = _gpu() if any("gpu" in item.keywords for item in items) else None
     run_slow = os.environ.get("RUN_SLOW") or "slow" in (config.getoption("markexpr") or "")
     for item in items:

@@ -13,14 +13,7 @@ from rewriter.cases import CASES
 from rewriter.lower import instantiate, postprocess
 from rewriter.testing import random_inputs
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache(tmp_path_factory):
-    """Kernels and measurements of this module in a fresh cache (shared by its tests)."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("REWRITER_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("module_cache")  # kernels and timings in a fresh cache
 
 
 def _close(got, want, tolerance=1e-3):

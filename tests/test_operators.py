@@ -54,12 +54,7 @@ CONV1D_TEXT = "L n:2, f:3, w:7 ; S c:4, s:3 ; X[n, c, 2*w+s-1] * W[f, c, s]"
 CONV1D_SHAPES = {"X": (2, 4, 14), "W": (3, 4, 3)}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("REWRITER_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("module_cache")  # kernels and timings in a fresh cache
 
 
 def _run(call, expr, seed):

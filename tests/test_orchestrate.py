@@ -19,13 +19,7 @@ from rewriter.lower import Kernel
 from rewriter.lower.orchestrate import Choice, Primitives, convex_candidates, fused_kernel, solve
 from rewriter.pipeline import optimize_program
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("REWRITER_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("module_cache")  # kernels and timings in a fresh cache
 
 
 def _graph(reads: list[list[int]], n: int = 4) -> Primitives:
