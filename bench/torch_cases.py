@@ -29,3 +29,8 @@ def torch_version(name: str, inputs: dict, device: str = "cpu"):
 
         return g2bmm, (t["Q"], t["Kt"])
     raise KeyError(name)
+
+
+def to_case_layout(name: str, value: np.ndarray) -> np.ndarray:
+    """PyTorch's output of ``torch_version`` in the case's own layout (NCHW back to NHWC)."""
+    return value.transpose(0, 2, 3, 1) if name in ("conv3x3", "convtranspose") else value

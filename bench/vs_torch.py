@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from torch_cases import torch_version  # noqa: E402
+from torch_cases import to_case_layout, torch_version  # noqa: E402
 
 from codegen import CpuBackend, compile_scope  # noqa: E402
 from rewriter import derive, evaluate  # noqa: E402
@@ -120,8 +120,7 @@ def run(name: str, depth: int, time_limit: float, rounds: int, tune: int = 0) ->
     scale = float(np.abs(expected).max())
     for label, f in functions.items():
         got = np.asarray(f())
-        if label.startswith("torch") and name in ("conv3x3", "convtranspose"):
-            got = got.transpose(0, 2, 3, 1)  # back to the case's NHWC
+        got = to_case_layout(name, got) if label.startswith("torch") else got
         error = float(np.abs(got - expected).max()) / scale
         assert error < 1e-3, f"{name}: {label} disagrees with the reference ({error:.2e})"
     with torch.no_grad():

@@ -9,6 +9,9 @@ overhead) or kernel by kernel (for timing each step and for debugging).
 
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -48,6 +51,11 @@ class CudaProgram:
         self.bundle = bundle
         self.dtype = np.dtype(bundle.dtype)
         self.stream = cp.cuda.Stream(non_blocking=True)
+        # a handle of its own, bound to the program's stream once: cuBLAS calls are then captured
+        # into the CUDA graph as they are (CuPy refuses to rebind a stream while capturing)
+        self.cublas = cublas.create()
+        cublas.setStream(self.cublas, self.stream.ptr)
+        cublas.setPointerMode(self.cublas, cublas.CUBLAS_POINTER_MODE_HOST)
         self.buffers = {name: cp.zeros(shape, self.dtype) for name, shape in bundle.buffers.items()}
         for name, value in bundle.constants.items():
             self.buffers[name].set(np.ascontiguousarray(value, self.dtype))
@@ -91,13 +99,10 @@ class CudaProgram:
         kind, compute = _CUDA_R[self.dtype.name], _COMPUTE[self.dtype.name]
         alpha, beta = (s.ctypes.data for s in self._scalars)
         ops = [cublas.CUBLAS_OP_T if t else cublas.CUBLAS_OP_N for t in (call.transa, call.transb)]
-        handle = cp.cuda.device.get_cublas_handle()
 
         def run():
-            cublas.setStream(handle, self.stream.ptr)
-            cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
             cublas.gemmStridedBatchedEx(
-                handle, *ops, call.m, call.n, call.k, alpha, a, kind, call.lda, call.stride_a,
+                self.cublas, *ops, call.m, call.n, call.k, alpha, a, kind, call.lda, call.stride_a,
                 b, kind, call.ldb, call.stride_b, beta, c, kind, call.ldc, call.stride_c,
                 call.batch, compute, _GEMM_DEFAULT,
             )  # fmt: skip
@@ -113,6 +118,18 @@ class CudaProgram:
             if not step.once:
                 call()
 
+    def launch_checked(self) -> None:
+        """One run kernel by kernel, waiting for each step, so a fault names the step that made it.
+        A fault (an illegal address, say) leaves the CUDA context unusable: the process must end."""
+        for number, (step, call) in enumerate(zip(self.bundle.steps, self.steps)):
+            if step.once:
+                continue
+            try:
+                call()
+                self.stream.synchronize()
+            except (cp.cuda.driver.CUDADriverError, cp.cuda.runtime.CUDARuntimeError, cublas.CUBLASError) as err:
+                raise BundleError(f"step {number} ({step.label or step.output}) failed on the GPU: {err}") from None
+
     def _graph(self):
         if self.graph is None:
             self.launch(graph=False)  # once outside the capture: cuBLAS and the modules initialise lazily
@@ -127,7 +144,9 @@ class CudaProgram:
     def __call__(self, graph: bool = True, **inputs) -> np.ndarray:
         return self.run(inputs, graph)
 
-    def run(self, inputs: Mapping[str, np.ndarray], graph: bool = True) -> np.ndarray:
+    def run(self, inputs: Mapping[str, np.ndarray], graph: bool = True, checked: bool = False) -> np.ndarray:
+        """The output on host ``inputs``: one CUDA graph launch, or the steps one by one
+        (``checked``: each waited for, a fault raised as a BundleError naming its step)."""
         for name, shape in self.bundle.inputs.items():
             if name not in inputs:
                 raise BundleError(f"missing input {name}")
@@ -135,10 +154,15 @@ class CudaProgram:
             if value.shape != tuple(shape):
                 raise BundleError(f"input {name} has shape {value.shape}, the bundle expects {tuple(shape)}")
             self.buffers[name].set(value, stream=self.stream)
-        self.launch(graph)
+        self.launch_checked() if checked else self.launch(graph)
         out = self.buffers[self.bundle.output].get(stream=self.stream)
         self.stream.synchronize()
         return out
+
+    def __del__(self):
+        handle, self.cublas = getattr(self, "cublas", None), None
+        if handle is not None:
+            cublas.destroy(handle)
 
 
 def _seconds(run: Callable[[], None], stream, repeats: int, budget: float = 2e-3) -> float:
@@ -164,16 +188,21 @@ def _seconds(run: Callable[[], None], stream, repeats: int, budget: float = 2e-3
 
 
 def verify(program: CudaProgram, rtol: float = 1e-3) -> tuple[bool, float]:
-    """(agrees, error): the program's output on the bundle's check inputs against the expected
-    output stored with it; error is the largest difference over the largest expected value."""
+    """(agrees, error): the program's output on the bundle's check inputs, run step by step,
+    against the expected output stored with it (error: the largest difference over the largest
+    expected value); then the CUDA graph must give the very same output as the steps did."""
     bundle = program.bundle
     if "expected" not in bundle.check:
         raise BundleError("the bundle has no check data (expected output)")
-    got = program.run(check_inputs(bundle.inputs, bundle.check_seed, bundle.dtype)).reshape(-1)[bundle.check["index"]]
-    expected = bundle.check["expected"]
+    inputs = check_inputs(bundle.inputs, bundle.check_seed, bundle.dtype)
+    stepwise = program.run(inputs, checked=True)
+    got, expected = stepwise.reshape(-1)[bundle.check["index"]], bundle.check["expected"]
     scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
     error = float(np.abs(got - expected).max(initial=0.0)) / scale
-    return bool(error <= rtol and np.isfinite(got).all() == np.isfinite(expected).all()), error
+    agrees = bool(error <= rtol and np.isfinite(got).all() == np.isfinite(expected).all())
+    if agrees and not np.array_equal(program.run(inputs, graph=True), stepwise, equal_nan=True):
+        raise BundleError("the CUDA graph's output differs from the steps run one by one")
+    return agrees, error
 
 
 def measure(program: CudaProgram, repeats: int = 20) -> dict:
@@ -192,10 +221,24 @@ def measure(program: CudaProgram, repeats: int = 20) -> dict:
     return record
 
 
+_FAILURES = (BundleError, cp.cuda.driver.CUDADriverError, cp.cuda.runtime.CUDARuntimeError, cublas.CUBLASError)
+
+
+def measure_path(path: Path, repeats: int = 20) -> tuple[str, dict]:
+    """(key, record) of the bundle at ``path``; a failure is recorded with its message, not raised."""
+    bundle = read(path)
+    try:
+        record = {"path": path.name, **measure(CudaProgram(bundle), repeats)}
+    except _FAILURES as err:
+        record = {"path": path.name, "verified": False, "error": float("inf"), "failure": str(err)[:2000]}
+    return bundle.key, {**record, "meta": bundle.meta}
+
+
 def measure_directory(directory: str | Path, repeats: int = 20) -> dict:
     """Every bundle under ``directory`` (itself, or its sub-directories) verified and timed:
-    ``{"device": ..., "bundles": {key: record}}``; a bundle that fails to load is recorded
-    with its error, not raised."""
+    ``{"device": ..., "bundles": {key: record}}``. Bundles run in a worker process, and after a
+    failure the next one gets a fresh worker: a kernel that faults leaves its CUDA context
+    unusable, and a bundle's fault must not fail the bundles after it."""
     directory = Path(directory)
     found = (
         [directory]
@@ -204,22 +247,18 @@ def measure_directory(directory: str | Path, repeats: int = 20) -> dict:
     )
     if not found:
         raise BundleError(f"{directory}: no bundle.json in it or its sub-directories")
-    records = {}
+    records, worker = {}, None
     for path in found:
-        bundle = read(path)
+        worker = worker or ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
         try:
-            records[bundle.key] = {"path": path.name, **measure(CudaProgram(bundle), repeats)}
-        except (
-            BundleError,
-            cp.cuda.driver.CUDADriverError,
-            cp.cuda.runtime.CUDARuntimeError,
-            cublas.CUBLASError,
-        ) as err:
-            records[bundle.key] = {
-                "path": path.name,
-                "verified": False,
-                "error": float("inf"),
-                "failure": str(err)[:2000],
-            }
-        records[bundle.key]["meta"] = bundle.meta
+            key, record = worker.submit(measure_path, path, repeats).result()
+        except BrokenProcessPool:
+            key = read(path).key
+            record = {"path": path.name, "verified": False, "error": float("inf"), "failure": "its process died"}
+        records[key] = record
+        if "failure" in record:
+            worker.shutdown()
+            worker = None
+    if worker is not None:
+        worker.shutdown()
     return {"device": device_name(), "bundles": records}

@@ -22,7 +22,7 @@ import re
 from bundle.format import CudaLaunches, Launch
 from rewriter.ir import Scope, tensor_shapes
 
-from .tvm_kernel import CodegenError, lower_to_te, tvm
+from .tvm_kernel import PAD_EVERY, CodegenError, lower_to_te, tvm
 
 THREADS = 256
 # "arch" only names the features the generated source may use; the runtime compiles the source
@@ -42,17 +42,21 @@ def cuda_kernel(scope: Scope, output: str, dtype: str = "float32", label: str = 
         raise CodegenError(f"tensor name(s) {clash} clash with the CUDA kernel's own buffer names")
     target = tvm.target.Target(TARGET)
     errors = []
-    for schedule in (_dlight, _plain):
+    for schedule, pad in ((_dlight, PAD_EVERY), (_plain, False)):
         try:
-            module = schedule(_prim_module(scope, dtype), target)
+            module = schedule(_prim_module(scope, dtype, pad), target)
             return _generated(module, target, scope, output, dtype, label)
         except Exception as err:  # noqa: BLE001  TVM raises assorted errors; the next schedule is tried
             errors.append(f"{schedule.__name__.strip('_')}: {type(err).__name__}: {str(err).splitlines()[0][:300]}")
     raise CodegenError(f"TVM could not generate CUDA for {scope}: " + "; ".join(errors))
 
 
-def _prim_module(scope: Scope, dtype: str):
-    lowering = lower_to_te(scope, dtype, pad=False)  # guarded loads: no padding copies on the GPU
+def _prim_module(scope: Scope, dtype: str, pad: bool | str):
+    """The scope as a TIR function. For dlight every zero-padded read is a padding stage, which
+    it inlines into its own read stages as guarded loads: a guard written inside the compute
+    itself is lost when dlight re-indexes the read, which then reads out of bounds (an illegal
+    address on the GPU). The plain schedule keeps guarded loads (``pad=False``): no copy."""
+    lowering = lower_to_te(scope, dtype, pad=pad)
     return tvm.IRModule({"main": tvm.te.create_prim_func([*lowering.inputs.values(), lowering.output])})
 
 

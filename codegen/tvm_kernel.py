@@ -103,6 +103,7 @@ tvm = _Deferred("tvm", _one_thread_per_core)
 _SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 CODEGEN_VERSION = _SOURCE_HASH[:16]
 _INT32 = 2**31 - 1
+PAD_EVERY = "every"  # lower_to_te's pad: every zero-padded read a padding stage (the GPU schedules)
 
 
 class CodegenError(RuntimeError):
@@ -223,7 +224,7 @@ class _Building:
 class _Lowering:
     """The stages of one kernel: inputs are placeholders, every non-inlined scope a stage."""
 
-    def __init__(self, scope: Scope, dtype: str, pad: bool, ix_dtype: str):
+    def __init__(self, scope: Scope, dtype: str, pad: bool | str, ix_dtype: str):
         self.dtype = dtype
         self.pad = pad
         self.ix_dtype = ix_dtype
@@ -369,11 +370,12 @@ class _Lowering:
             composed = tuple(substitute_index(ix, mapping) for ix in inner.indices)
             return self.read(inner.source, composed, conditions + own, env, box)
         if isinstance(source, Scope) and self._composes(source, indices, box):
-            mapping = {it.name: ix for it, ix in zip(source.traversal, indices)}
-            value = self.scalar(substitute(source.body, mapping), env, box)
             checks = conditions + [(ix, it.lo, it.hi) for ix, it in zip(indices, source.traversal)]
             guards = self._guards(checks, env, box)
-            return tvm.tirx.if_then_else(tvm.tirx.all(*guards), value, self.zero) if guards else value
+            if not guards or self.pad != PAD_EVERY:
+                mapping = {it.name: ix for it, ix in zip(source.traversal, indices)}
+                value = self.scalar(substitute(source.body, mapping), env, box)
+                return tvm.tirx.if_then_else(tvm.tirx.all(*guards), value, self.zero) if guards else value
         lows = [0] * source.rank if isinstance(source, Tensor) else [it.lo for it in source.traversal]
         shape = tuple(source.shape)
         checks = conditions + [(ix, lo, lo + d) for ix, lo, d in zip(indices, lows, shape)]
@@ -387,7 +389,8 @@ class _Lowering:
         own = zip(checks[len(conditions) :], bounds[len(conditions) :])
         pads = tuple((max(0, lo - b_lo), max(0, b_hi - hi + 1)) for (_, lo, hi), (b_lo, b_hi) in own)
         outside = [ix for ix, (a, b) in zip(indices, pads) if a or b]
-        if self.pad and outside and _pad_fits(shape, pads) and self._along_lanes(outside, indices, shape):
+        pays = self.pad == PAD_EVERY or (_pad_fits(shape, pads) and self._along_lanes(outside, indices, shape))
+        if self.pad and outside and pays:
             buffer = self.padded_copy(key, buffer, shape, pads)
             lows = [lo - a for lo, (a, _) in zip(lows, pads)]
             checks, bounds = checks[: len(conditions)], bounds[: len(conditions)]
@@ -472,11 +475,13 @@ def _fits_int32(indices, lows, shape, box) -> bool:
     return max(subs + [offset, math.prod(shape)]) <= _INT32
 
 
-def lower_to_te(scope: Scope, dtype: str, pad: bool) -> _Lowering:
+def lower_to_te(scope: Scope, dtype: str, pad: bool | str) -> _Lowering:
     """``scope`` as TVM tensor expressions (its stages, the placeholders ``inputs`` named by the
     scope's tensors, the ``output`` stage named "out"): int32 indices (the fast common case),
     int64 where a far read needs them. Both targets, CPU here and CUDA (``codegen.cuda_kernel``),
-    start from it."""
+    start from it. A zero-padded read is guarded (``pad=False``), a padding stage where a guard
+    would vary along vector lanes (``pad=True``), or always a padding stage, no guard written
+    inside a compute (``pad=PAD_EVERY``: schedules that re-index reads keep the guards)."""
     lowering = _Lowering(scope, dtype, pad, "int32")
     return lowering if lowering.fits_int32 else _Lowering(scope, dtype, pad, "int64")
 

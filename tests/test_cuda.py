@@ -19,6 +19,7 @@ from bundle.gemm import emulate, gemm_call
 from bundle.nvrtc import self_contained
 from codegen.cuda import CudaBackend, to_bundle
 from codegen.cuda_kernel import cuda_kernel
+from codegen.tvm_kernel import PAD_EVERY, lower_to_te, tvm
 from rewriter import derive, evaluate, parse
 from rewriter.lower.operators import Operand
 
@@ -99,6 +100,44 @@ def test_a_nested_scope_becomes_two_launches_and_a_temporary():
         assert 'extern "C" __global__ void __launch_bounds__' in source and f" {launch.function}(" in source
         assert set(launch.args) <= known and np.prod(launch.block) <= 1024
     assert step.launches[0].args[-1] == "Y.s0" and "Y" in step.launches[1].args  # the nested scope first
+
+
+PADDED = (  # zero-padded reads: a transposed convolution's weights, a convolution's input, a nested scope's
+    ("L n:2, h:4, w:4, f:8 ; S x:2, y:2, c:4 ; A[n, x, y, c] * K[h+1-2*x, w+1-2*y, f, c]", {"A": (2, 2, 2, 4), "K": (4, 4, 8, 4)}),
+    ("L n:1, f:3, h:6, w:6 ; S c:2, r:5, s:5 ; A[n, c, h+r-2, w+s-2] * K[f, c, r, s]", {"A": (1, 2, 6, 6), "K": (3, 2, 5, 5)}),
+    ("L i:6, j:5 ; S k:4 ; { L a:5, b:4 ; A[a, b] + 1 }[i-1, k] * B[k, j]", {"A": (5, 4), "B": (4, 5)}),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("text, shapes", PADDED)
+def test_for_the_gpu_schedules_no_guard_sits_inside_a_summing_stage(text, shapes):
+    """dlight re-indexes a summing stage's reads and loses a guard written inside it (the read
+    then faults on the GPU): there every zero-padded read is a padding stage it can inline, and
+    the kernel still computes the expression (run here on the CPU, plain loops)."""
+    expr = parse(text, shapes)
+    guarded = lower_to_te(expr, "float32", pad=False)
+    assert "if_then_else" in str(guarded.output.op.body)  # the case this is about
+    lowering = lower_to_te(expr, "float32", pad=PAD_EVERY)
+    summing = [t for t in _stages(lowering.output) if getattr(t.op, "reduce_axis", None)]
+    assert summing and not any("if_then_else" in str(t.op.body) for t in summing)
+    function = tvm.te.create_prim_func([*lowering.inputs.values(), lowering.output])
+    library = tvm.compile(tvm.IRModule({"main": function}), target="llvm")
+    rng = np.random.default_rng(0)
+    values = {n: rng.uniform(-1, 1, s).astype(np.float32) for n, s in shapes.items()}
+    out = tvm.runtime.empty(expr.shape, "float32")
+    library["main"](*(tvm.runtime.tensor(values[n]) for n in lowering.inputs), out)
+    np.testing.assert_allclose(out.numpy(), evaluate(expr, values), rtol=1e-5, atol=1e-5)
+
+
+def _stages(tensor):
+    """``tensor`` and every compute stage it reads, transitively."""
+    seen, todo = [], [tensor]
+    while todo:
+        t = todo.pop()
+        if t.op.name not in {s.op.name for s in seen} and hasattr(t.op, "body"):
+            seen.append(t)
+            todo.extend(t.op.input_tensors)
+    return seen
 
 
 def test_dlight_schedules_a_convolution_as_a_tiled_gemm():
