@@ -128,7 +128,13 @@ def orchestrate(
     forms: dict[tuple, Step | None] = {}  # canonical form -> its compiled step (None: refused)
     alone = [_form(s.kernel, forms, lambda canonical, s=s: s.renamed(_names(s.kernel), program.dtype)) for s in timed]
     start = time.perf_counter()
-    found = convex_candidates(graph, lambda i: timed[i].kernel.kind == "eop", max_primitives)
+    available = set(program.inputs) | set(program.constants) | {s.kernel.output for s in program.steps}
+    found = convex_candidates(
+        graph,
+        lambda i: timed[i].kernel.kind == "eop",
+        max_primitives,
+        linear=lambda i: _generated_with_epilogue(timed[i].kernel, available),
+    )
     # SIRIUS's widths order what is measured first (a time limit leaves out the last): a
     # candidate whose primitives depend element-wise can run as one loop nest, one with a global
     # dependence only saves a call
@@ -175,6 +181,13 @@ def orchestrate(
     figures |= plan.figures | {"seconds": plan.seconds, "baseline_seconds": plan.baseline_seconds}
     orchestrated = replace(program, steps=new_steps, constants=dict(program.constants), buffers={}).prepare()
     return orchestrated, _plan_report(graph, [choices[i] for i in chosen.values()], choices, widths, figures)
+
+
+def _generated_with_epilogue(kernel: Kernel, available: set[str]) -> bool:
+    """A matched operator (a product, a convolution) may join a candidate as a generated kernel
+    with the element-wise work after it, where everything it reads is at hand at run time (a
+    library call may read a weight only in its own prepared layout)."""
+    return kernel.kind not in ("eop", "opaque") and set(tensor_shapes(kernel.expr)) <= available
 
 
 def _plan_report(graph: Primitives, chosen: list[Choice], choices: list[Choice], widths, figures) -> Orchestration:

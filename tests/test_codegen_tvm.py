@@ -328,3 +328,25 @@ def test_a_comparison_of_a_composed_difference():
     compares an arithmetic expression, not a load."""
     expr = parse("L i:16 ; greater_equal({ L a:16 ; 1 - equal(X[a, a], 1) }[i], 0)", X16)
     assert_matches(expr, {"X": np.where(np.eye(16) > 0, 1.0, 0.5)})
+
+
+PRODUCT = "{ L a:24, b:40 ; S k:16 ; A[a, k] * B[k, b] }"
+EPILOGUES = [  # (scope, whether its element-wise stage runs inside the summing stage's tile loop)
+    (f"L i:24, j:40 ; max({PRODUCT}[i, j] + C[j], 0)", True),  # a product's bias and activation
+    ("L i:24, j:40 ; A[i, j] / { L a:24 ; S k:40 ; A2[a, k] }[i]", True),  # each row by its own sum
+    (f"L i:23, j:40 ; {PRODUCT}[i+1, j] - {PRODUCT}[i, j]", False),  # neighbouring tiles' sums
+    (f"L i:24, j:40 ; S k:2 ; {PRODUCT}[i, j] * C[k]", False),  # the reader sums itself
+]
+
+
+@pytest.mark.parametrize("text, at_tile", EPILOGUES)
+def test_an_epilogue_runs_on_each_tile_of_the_sums_it_reads(text, at_tile):
+    """The element-wise stage after a summing stage runs inside its tile loop, the sums in a
+    tile-sized local buffer, where it reads each sum once at its own position; elsewhere the
+    stages stay apart. Either way the kernel computes the scope."""
+    shapes = {"A": (24, 16), "B": (16, 40), "C": (40,), "A2": (24, 40)}
+    expr = parse(text, {n: s for n, s in shapes.items() if re.search(rf"\b{n}\[", text)})
+    kernel = compile_scope(expr)
+    assert ('scope="local"' in kernel.listing()) == at_tile
+    values = random_inputs(expr, seed=3)
+    np.testing.assert_allclose(kernel(**values), evaluate(expr, values), rtol=1e-4, atol=1e-4)

@@ -76,11 +76,17 @@ class Primitives:
 
 
 def convex_candidates(
-    graph: Primitives, fusible: Callable[[int], bool], max_primitives: int = 5
+    graph: Primitives,
+    fusible: Callable[[int], bool],
+    max_primitives: int = 5,
+    linear: Callable[[int], bool] = lambda _: False,
 ) -> list[tuple[int, ...]]:
-    """Every convex set of at most ``max_primitives`` fusible primitives, two or more, whose
-    only output is its last primitive: grown from that primitive, one producer at a time. Each
-    is a tuple of positions in execution order (the output last)."""
+    """Every convex set of at most ``max_primitives`` primitives, two or more, whose only output
+    is its last primitive: grown from a ``fusible`` primitive, one producer at a time. Members
+    are ``fusible``, except at most one ``linear`` primitive (a product computed in the kernel
+    with the element-wise work after it, its epilogue), which is never the output and is not
+    grown from: every member is read by a member that is not linear. Each is a tuple of
+    positions in execution order (the output last)."""
     found: list[tuple[int, ...]] = []
     for sink in range(len(graph.kernels)):
         if not fusible(sink):
@@ -89,10 +95,14 @@ def convex_candidates(
         for _ in range(max_primitives - 1):
             grown = set()
             for members in level:
+                has_linear = any(linear(m) for m in members)
                 for m in members:
+                    if linear(m):
+                        continue
                     for p in graph.producers[m]:
                         bigger = members | {p}
-                        if p in members or not fusible(p) or bigger in seen:
+                        allowed = fusible(p) or (linear(p) and not has_linear)
+                        if p in members or not allowed or bigger in seen:
                             continue
                         seen.add(bigger)
                         if graph.convex(bigger):
