@@ -154,7 +154,10 @@ class CudaProgram:
             if value.shape != tuple(shape):
                 raise BundleError(f"input {name} has shape {value.shape}, the bundle expects {tuple(shape)}")
             self.buffers[name].set(value, stream=self.stream)
-        self.launch_checked() if checked else self.launch(graph)
+        if checked:
+            self.launch_checked()
+        else:
+            self.launch(graph)
         out = self.buffers[self.bundle.output].get(stream=self.stream)
         self.stream.synchronize()
         return out

@@ -753,11 +753,17 @@ def _epilogue_at_tile(sch: tvm.s_tir.Schedule, stage: _Stage, readers: Counter) 
     shared = [a for a, b in zip(sch.get_loops(init), sch.get_loops(update)) if sch.get(a).same_as(sch.get(b))]
     if not shared:
         return
-    sch.reverse_compute_at(block, shared[-1])
-    sch.set_scope(update, 0, "local")  # compacted to the tile the loop leaves free
+    try:  # a primitive checks before it changes anything: a refusal leaves the stages apart
+        sch.reverse_compute_at(block, shared[-1])
+        sch.set_scope(update, 0, "local")  # compacted to the tile the loop leaves free
+    except tvm.s_tir.ScheduleError:
+        return
     inner = sch.get_loops(block)[-1]
     if int(sch.get(inner).extent) > 1:
-        sch.vectorize(inner)
+        try:
+            sch.vectorize(inner)
+        except tvm.s_tir.ScheduleError:
+            pass  # scalar loops: still one tile at a time
 
 
 def _reads_elementwise(block, buffer: str) -> bool:
