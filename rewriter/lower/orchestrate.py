@@ -3,8 +3,9 @@ linear program over measured candidate kernels.
 
 The primitive graph is a program's kernels in execution order (each one ``output = expr``): a
 primitive reads the outputs of earlier ones. A *candidate kernel* is a convex set of eOperator
-primitives with one output (Korch Theorem 1: the difference of two execution states), computed
-as one eOperator: its members inlined into its output primitive (``fusion.fuse``). A member may
+primitives with one output (Korch Theorem 1: the difference of two execution states), and at
+most one linear primitive whose epilogue they compute, computed as one eOperator: its members
+inlined into its output primitive (``fusion.fuse``). A member may
 also be computed by another kernel: a primitive computed twice (Korch Figure 4c) is the price of
 not writing its result to memory.
 
