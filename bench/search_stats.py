@@ -40,6 +40,7 @@ def run_one(case: str, depth: int, time_limit: float, use_egraph: bool) -> dict:
         "depth": depth,
         "states": stats.states,
         "fingerprint_hits": stats.fingerprint_hits,
+        "shared": stats.shared,
         "enodes": last.enodes if last else 0,
         "eclasses": last.eclasses if last else 0,
         "seconds": round(time.perf_counter() - start, 3),
@@ -67,7 +68,7 @@ def main() -> None:
     depths = range(int(lo), int(hi or lo) + 1)
     rows = []
     print(
-        f"{'case':<14}{'depth':>6}{'states':>9}{'hits':>9}{'enodes':>9}{'seconds':>9}{'egraph':>7}{'peak MiB':>10}"
+        f"{'case':<14}{'depth':>6}{'states':>9}{'hits':>9}{'shared':>9}{'enodes':>9}{'seconds':>9}{'egraph':>7}{'peak MiB':>10}"
         f"  stop   {'OLLIE d7 states':>15}{'s':>7}{'states/OLLIE':>13}{'s/OLLIE':>9}"
     )
     for case in args.cases.split(","):
@@ -83,7 +84,7 @@ def main() -> None:
             row["seconds_per_ollie"] = round(row["seconds"] / ollie_s, 3)
             share = row["egraph_s"] / row["seconds"] if row["seconds"] else 0.0
             print(
-                f"{case:<14}{depth:>6}{row['states']:>9}{row['fingerprint_hits']:>9}{row['enodes']:>9}"
+                f"{case:<14}{depth:>6}{row['states']:>9}{row['fingerprint_hits']:>9}{row['shared']:>9}{row['enodes']:>9}"
                 f"{row['seconds']:>9.2f}{share:>7.0%}{row['peak_mib']:>10.0f}  {row['stop']:<6} {ollie_states:>15}"
                 f"{ollie_s:>7}{row['states_per_ollie']:>13.3f}{row['seconds_per_ollie']:>9.2f}",
                 flush=True,

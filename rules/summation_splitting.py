@@ -6,7 +6,7 @@ from rewriter.ir import Scope, accesses, index_vars
 from rewriter.search.dsl import rule
 
 
-@rule("summation splitting", section="4.2")
+@rule("summation splitting", section="4.2", shallow=True)
 def split_summation(scope: Scope):
     """Split the summation iterators into an outer set s1 and an inner set s2 (OLLIE 4.2):
 

@@ -7,7 +7,7 @@ from rewriter.ir import Access, Iterator, Scope, Var, accesses, index_vars, map_
 from rewriter.search.dsl import fresh_name, rule, substitute_traversal
 
 
-@rule("variable substitution", section="4.2")
+@rule("variable substitution", section="4.2", shallow=True)
 def substitute_variables(scope: Scope):
     """Replace traversal iterators through a bijection phi (OLLIE 4.2):
 

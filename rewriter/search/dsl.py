@@ -10,8 +10,10 @@ A parametric rule is a Python generator from a scope to equivalent scopes::
         ...
         yield new_scope
 
-The engine applies every registered rule to every scope of a state (the root and each nested
-scope), so a rule only ever looks at one scope. Kinds: ``explorative`` rules cost one unit of
+The engine applies every registered rule to every scope it reaches (roots and nested scopes),
+so a rule only ever looks at one scope; one declared ``shallow=True`` reads the scopes nested in
+it only as tensors of their box, and is applied once per e-node (nested scopes as e-classes).
+Kinds: ``explorative`` rules cost one unit of
 ``max_depth``; ``eager`` rules (traversal merging, simplification) are applied to a fixpoint after
 every step and cost nothing; ``guided`` rules are applied by guided derivation (OLLIE 5.2) to
 scopes that have an operator's shape but match no operator; one declared with ``targets=True``
@@ -55,6 +57,7 @@ class Rule:
     generate: Callable[[Scope], Iterable[Scope]] | None = field(default=None, compare=False)
     rewrites: tuple = field(default=(), compare=False)
     targets: bool = False  # a guided rule that takes the target operator's iterator mapping table
+    shallow: bool = False  # reads nested scopes only as tensors of their box: applied once per e-node
 
     @property
     def on_programs(self) -> bool:
@@ -136,6 +139,7 @@ def rule(
     section: str,
     kind: str = "explorative",
     targets: bool = False,
+    shallow: bool = False,
     register: bool = True,
 ):
     """Declare a parametric rule: decorate a generator ``scope -> equivalent scopes``
@@ -143,6 +147,11 @@ def rule(
 
     ``targets=True`` (guided rules only) declares a generator ``(scope, target) -> scopes`` that
     derives toward the operator whose iterator mapping table is ``target`` (OLLIE 5.2).
+    ``shallow=True`` declares that the generator reads a nested scope only as a tensor of its box
+    (its indices and shape: never its body or where it is zero), so its results on two scopes
+    that read different members of one nested e-class are the same up to that member: the
+    engine applies it once per e-node and congruence shares the results. Without it the rule
+    is applied to every distinct scope, nested members included (always sound; slower).
     ``register=False`` checks the declaration but keeps the rule out of the engine's registry
     (for experiments and tests; pass it to ``explore(rules=...)`` explicitly).
     """
@@ -150,7 +159,7 @@ def rule(
         raise RuleError(f"rule {name!r}: only guided rules take a target operator, this one is {kind!r}")
 
     def decorate(fn: Callable[[Scope], Iterable[Scope]]) -> Rule:
-        declared = Rule(name, section, kind, fn.__doc__ or "", generate=fn, targets=targets)
+        declared = Rule(name, section, kind, fn.__doc__ or "", generate=fn, targets=targets, shallow=shallow)
         return _register(declared, register)
 
     return decorate

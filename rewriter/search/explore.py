@@ -1,12 +1,19 @@
 """Explorative derivation (OLLIE Algorithm 2, explorative part) with exact fingerprints.
 
-``explore(expr, max_depth)`` applies every registered explorative rule to every scope of every
-state, level by level (breadth first): a state's depth is the least number of explorative rule
-applications that reaches it. Eager rules run to a fixpoint after each step and cost no depth.
-States are deduplicated by their exact fingerprint (``rewriter.search.fingerprint``). Because levels are
-complete before the next one starts, the set of states found with ``max_depth = d`` is contained
-in the set found with any larger depth: a state is never pruned because it was first seen near the
-limit (the failure OLLIE's DFS has at depth 10).
+``explore(expr, max_depth)`` applies every registered explorative rule to every e-node the
+search reaches, level by level (breadth first). An e-node is a scope with the scopes it reads
+taken as their e-classes (``rewriter.search.classes``): a rewrite of a nested scope joins its
+e-class, and every scope that reads that class shares it by congruence. So a rule is applied
+once per e-node, not once per state that holds it: a rule declared ``shallow`` (it sees nested
+scopes only as tensors of their box) once per e-node, any other rule once per distinct scope
+(it may look inside). Each result becomes one new state, in the context where its scope was
+first reached; the combinations congruence implies live in the e-graph, where extraction finds
+them. Depth is counted per e-node as OLLIE counts it per state: an e-node is expanded in the
+first (shallowest) state that holds it, and its results are one level deeper. Eager rules run
+to a fixpoint after each step and cost no depth. States are deduplicated by their exact
+fingerprint (``rewriter.search.fingerprint``). Because levels are complete before the next one
+starts, what ``max_depth = d`` finds is found with any larger depth: nothing is pruned because
+it was first seen near the limit (the failure OLLIE's DFS has at depth 10).
 
 Every new state is added to the e-graph (``rewriter.egraph``) in canonical form and unioned with
 the scope it was derived from, so congruence shares sub-expressions across derivations and
@@ -26,6 +33,7 @@ from typing import Iterator, Sequence
 from rewriter.egraph import ExpressionGraph
 from rewriter.ir import ExpressionError, Position, Scope, replace_at, scopes_at
 
+from .classes import ScopeClasses
 from .dsl import Rule, registered
 from .fingerprint import canonical, fingerprint
 
@@ -69,6 +77,7 @@ class RoundStats:
     depth: int
     new_states: int = 0
     fingerprint_hits: int = 0
+    shared: int = 0  # rule applications skipped: a congruent e-node was expanded already
     applications: Counter = field(default_factory=Counter)
     match_s: float = 0.0  # rules computing their right-hand sides
     apply_s: float = 0.0  # rebuilding states, eager closure, fingerprints
@@ -93,6 +102,10 @@ class SearchStats:
         return sum(r.fingerprint_hits for r in self.rounds)
 
     @property
+    def shared(self) -> int:
+        return sum(r.shared for r in self.rounds)
+
+    @property
     def applications(self) -> Counter:
         total: Counter = Counter()
         for r in self.rounds:
@@ -101,11 +114,11 @@ class SearchStats:
 
     def table(self) -> str:
         head = (
-            f"{'depth':>5} {'new':>7} {'hits':>7} {'enodes':>8} {'eclasses':>8}"
+            f"{'depth':>5} {'new':>7} {'hits':>7} {'shared':>7} {'enodes':>8} {'eclasses':>8}"
             f" {'match s':>8} {'apply s':>8} {'egraph s':>8}"
         )
         rows = [
-            f"{r.depth:>5} {r.new_states:>7} {r.fingerprint_hits:>7} {r.enodes:>8} {r.eclasses or 0:>8}"
+            f"{r.depth:>5} {r.new_states:>7} {r.fingerprint_hits:>7} {r.shared:>7} {r.enodes:>8} {r.eclasses or 0:>8}"
             f" {r.match_s:>8.3f} {r.apply_s:>8.3f} {r.rebuild_s:>8.3f}"
             for r in self.rounds
         ]
@@ -118,6 +131,7 @@ class Exploration:
     states: list[State]
     stats: SearchStats
     graph: object | None = None
+    classes: ScopeClasses | None = None  # the search's e-classes of scopes
 
     def find(self, expr: Scope) -> State | None:
         """The state equal to ``expr`` up to renaming and reordering, if it was reached."""
@@ -145,11 +159,12 @@ class _Budget:
 
 
 def eager_closure(
-    expr: Scope, rules: Sequence[Rule], memo: dict | None = None, limit: int | None = None
+    expr: Scope, rules: Sequence[Rule], memo: dict | None = None, limit: int | None = None, unite=None
 ) -> tuple[Scope, list[Step]]:
     """Apply eager rules anywhere until none applies (each takes its first result). ``limit``
     bounds the steps (a guard against rules that undo each other); by default it grows with the
-    number of scopes, each of which may be inlined or simplified a few times."""
+    number of scopes, each of which may be inlined or simplified a few times. ``unite(position,
+    scope, result)`` hears of every rewrite (the search unites their e-classes)."""
     steps: list[Step] = []
     memo = {} if memo is None else memo
     if limit is None:
@@ -161,6 +176,8 @@ def eager_closure(
                 memo[key] = eager.apply(scope)
             results = memo[key]
             if results:
+                if unite is not None:
+                    unite(position, scope, results[0])
                 expr = replace_at(expr, position, results[0])
                 steps.append(Step(eager.name, eager.kind, position, expr))
                 break
@@ -228,15 +245,15 @@ def explore_levels(
     native = [rewrite for r in rules for rewrite in r.rewrites]  # pattern rules run inside egglog
     if graph is not None and native:
         graph.register(*native)
-    start, steps = eager_closure(expr, eager)
+    search = _Search(explorative, eager, graph, budget, stats)
+    start, steps = eager_closure(expr, eager, search.memo, unite=search.unite)
     root = State(start, tuple(steps), fingerprint(start))
     states = {root.fingerprint: root}
     if graph is not None:
         graph.union(expr, canonical(expr))  # the root as given, for extraction to start from
         graph.union(canonical(expr), canonical(start))
-    exploration = Exploration(expr, [root], stats, graph)
+    exploration = Exploration(expr, [root], stats, graph, search.classes)
     frontier = [root]
-    memo: dict = {}
     if max_depth == 0:
         stats.stop_reason = "depth"
     yield exploration, [root]
@@ -251,7 +268,7 @@ def explore_levels(
         level: list[State] = []  # filled as states are found: a Ctrl-C keeps what was found
         try:
             with graph.alongside() if graph is not None else nullcontext():
-                _expand(frontier, level, explorative, eager, states, current, graph, budget, stats, memo)
+                search.expand(frontier, level, states, current)
             if graph is not None:
                 tick = time.perf_counter()
                 graph.run()  # the e-graph's native eager rewrites (index arithmetic)
@@ -271,52 +288,75 @@ def explore_levels(
         yield exploration, level
 
 
-def _expand(frontier, new_frontier, explorative, eager, states, current, graph, budget, stats, memo) -> None:
-    for state in frontier:
-        for position, scope in list(scopes_at(state.expr)):
-            for rule_ in explorative:
-                reason = budget.exhausted(len(states), current.enodes)
-                if reason:
-                    stats.stop_reason = reason
-                    return
-                tick = time.perf_counter()
-                key = (rule_.name, scope)
-                if key not in memo:  # the same sub-scope recurs in many states
-                    try:
-                        memo[key] = rule_.apply(scope)
-                    except ExpressionError as err:  # a broken rule is reported, never unioned
-                        stats.rule_errors.append(str(err))
-                        memo[key] = []
-                results = memo[key]
-                tock = time.perf_counter()
-                current.match_s += tock - tick
-                egraph_before = current.rebuild_s
-                for result in results:
-                    if budget.max_states is not None and len(states) >= budget.max_states:
-                        stats.stop_reason = "states"  # a rule with many results stops mid-way
+class _Search:
+    """One level's expansion: every explorative rule on every e-node of the frontier's states,
+    once. A shallow rule is keyed by the scope's e-node (nested scopes as their e-classes), any
+    other rule by the whole scope; a key seen before, in this state or another, is shared by
+    congruence and skipped. Each result becomes one new state, in the context where its scope
+    was found (eager rules closed, fingerprinted, unioned in both e-graphs)."""
+
+    def __init__(self, explorative, eager, graph, budget, stats):
+        self.explorative, self.eager, self.graph, self.budget, self.stats = explorative, eager, graph, budget, stats
+        self.classes = ScopeClasses()
+        self.applied: set = set()  # (rule, e-node or scope) keys already expanded
+        self.memo: dict = {}  # eager rule results per scope
+
+    def unite(self, position, scope: Scope, result: Scope) -> None:
+        if position:  # a root's class is never read as a nested one: only nested classes are kept
+            self.classes.union(canonical(scope), canonical(result))
+
+    def expand(self, frontier, new_frontier, states, current) -> None:
+        for state in frontier:
+            for position, scope in list(scopes_at(state.expr)):
+                enode = None
+                for rule_ in self.explorative:
+                    reason = self.budget.exhausted(len(states), current.enodes)
+                    if reason:
+                        self.stats.stop_reason = reason
                         return
-                    current.applications[rule_.name] += 1
-                    child = _derive(state, position, scope, result, rule_, eager, graph, current, memo)
-                    if child.fingerprint in states:
-                        current.fingerprint_hits += 1
+                    tick = time.perf_counter()
+                    if rule_.shallow:
+                        enode = enode or self.classes.enode(scope)
+                    key = (rule_.name, enode if rule_.shallow else canonical(scope))
+                    if key in self.applied:  # a congruent scope was expanded: the e-graph shares its results
+                        current.shared += 1
+                        current.match_s += time.perf_counter() - tick
                         continue
-                    states[child.fingerprint] = child
-                    current.new_states += 1
-                    new_frontier.append(child)
-                # e-graph insertion inside _derive is counted in rebuild_s, not here
-                current.apply_s += time.perf_counter() - tock - (current.rebuild_s - egraph_before)
+                    self.applied.add(key)
+                    try:
+                        results = rule_.apply(scope)
+                    except ExpressionError as err:  # a broken rule is reported, never unioned
+                        self.stats.rule_errors.append(str(err))
+                        results = []
+                    tock = time.perf_counter()
+                    current.match_s += tock - tick
+                    egraph_before = current.rebuild_s
+                    for result in results:
+                        if self.budget.max_states is not None and len(states) >= self.budget.max_states:
+                            self.stats.stop_reason = "states"  # a rule with many results stops mid-way
+                            return
+                        current.applications[rule_.name] += 1
+                        child = self.derive(state, position, scope, result, rule_, current)
+                        if child.fingerprint in states:
+                            current.fingerprint_hits += 1
+                            continue
+                        states[child.fingerprint] = child
+                        current.new_states += 1
+                        new_frontier.append(child)
+                    # e-graph insertion inside derive is counted in rebuild_s, not here
+                    current.apply_s += time.perf_counter() - tock - (current.rebuild_s - egraph_before)
 
-
-def _derive(state: State, position, scope, result, rule_, eager, graph, current, memo) -> State:
-    expr = replace_at(state.expr, position, result)
-    steps = [Step(rule_.name, rule_.kind, position, expr)]
-    closed, eager_steps = eager_closure(expr, eager, memo)
-    child = State(closed, state.path + tuple(steps + eager_steps), fingerprint(closed))
-    if graph is not None:
-        tick = time.perf_counter()
-        if position:  # the rewritten sub-scope: every state that holds it shares it by congruence
-            graph.union(canonical(scope), canonical(result))
-        if eager_steps or not position:  # else the new state is in the e-graph by congruence already
-            graph.union(canonical(state.expr), canonical(closed))  # at the root, the result after eager rules
-        current.rebuild_s += time.perf_counter() - tick
-    return child
+    def derive(self, state: State, position, scope, result, rule_, current) -> State:
+        self.unite(position, scope, result)
+        expr = replace_at(state.expr, position, result)
+        steps = [Step(rule_.name, rule_.kind, position, expr)]
+        closed, eager_steps = eager_closure(expr, self.eager, self.memo, unite=self.unite)
+        child = State(closed, state.path + tuple(steps + eager_steps), fingerprint(closed))
+        if self.graph is not None:
+            tick = time.perf_counter()
+            if position:  # the rewritten sub-scope: every state that holds it shares it by congruence
+                self.graph.union(canonical(scope), canonical(result))
+            if eager_steps or not position:  # else the new state is in the e-graph by congruence already
+                self.graph.union(canonical(state.expr), canonical(closed))  # at the root, the result after eager rules
+            current.rebuild_s += time.perf_counter() - tick
+        return child
