@@ -79,9 +79,9 @@ class RoundStats:
     fingerprint_hits: int = 0
     shared: int = 0  # rule applications skipped: a congruent e-node was expanded already
     applications: Counter = field(default_factory=Counter)
-    match_s: float = 0.0  # rules computing their right-hand sides
-    apply_s: float = 0.0  # rebuilding states, eager closure, fingerprints
-    rebuild_s: float = 0.0  # the search waiting on the e-graph: queueing inserts, native rules, catching up
+    rule_s: float = 0.0  # rules computing their right-hand sides (and the e-node keys)
+    rebuild_s: float = 0.0  # rebuilding states: replacing the scope, eager closure, fingerprints
+    egraph_s: float = 0.0  # the search waiting on the e-graph: queueing inserts, native rules, catching up
     enodes: int = 0
     eclasses: int = 0
 
@@ -115,11 +115,11 @@ class SearchStats:
     def table(self) -> str:
         head = (
             f"{'depth':>5} {'new':>7} {'hits':>7} {'shared':>7} {'enodes':>8} {'eclasses':>8}"
-            f" {'match s':>8} {'apply s':>8} {'egraph s':>8}"
+            f" {'rule s':>8} {'rebuild s':>9} {'egraph s':>8}"
         )
         rows = [
             f"{r.depth:>5} {r.new_states:>7} {r.fingerprint_hits:>7} {r.shared:>7} {r.enodes:>8} {r.eclasses or 0:>8}"
-            f" {r.match_s:>8.3f} {r.apply_s:>8.3f} {r.rebuild_s:>8.3f}"
+            f" {r.rule_s:>8.3f} {r.rebuild_s:>9.3f} {r.egraph_s:>8.3f}"
             for r in self.rounds
         ]
         return "\n".join([head, *rows, f"stop: {self.stop_reason}, {self.states} states, {self.seconds:.2f} s"])
@@ -275,7 +275,7 @@ def explore_levels(
                 if native:
                     graph.run("")  # the registered pattern rules
                 current.enodes, current.eclasses = graph.size()
-                current.rebuild_s += time.perf_counter() - tick
+                current.egraph_s += time.perf_counter() - tick
         except KeyboardInterrupt:
             stats.stop_reason = "interrupted"
             if graph is not None:
@@ -320,7 +320,7 @@ class _Search:
                     key = (rule_.name, enode if rule_.shallow else canonical(scope))
                     if key in self.applied:  # a congruent scope was expanded: the e-graph shares its results
                         current.shared += 1
-                        current.match_s += time.perf_counter() - tick
+                        current.rule_s += time.perf_counter() - tick
                         continue
                     self.applied.add(key)
                     try:
@@ -329,8 +329,8 @@ class _Search:
                         self.stats.rule_errors.append(str(err))
                         results = []
                     tock = time.perf_counter()
-                    current.match_s += tock - tick
-                    egraph_before = current.rebuild_s
+                    current.rule_s += tock - tick
+                    egraph_before = current.egraph_s
                     for result in results:
                         if self.budget.max_states is not None and len(states) >= self.budget.max_states:
                             self.stats.stop_reason = "states"  # a rule with many results stops mid-way
@@ -343,8 +343,8 @@ class _Search:
                         states[child.fingerprint] = child
                         current.new_states += 1
                         new_frontier.append(child)
-                    # e-graph insertion inside derive is counted in rebuild_s, not here
-                    current.apply_s += time.perf_counter() - tock - (current.rebuild_s - egraph_before)
+                    # e-graph insertion inside derive is counted in egraph_s, not here
+                    current.rebuild_s += time.perf_counter() - tock - (current.egraph_s - egraph_before)
 
     def derive(self, state: State, position, scope, result, rule_, current) -> State:
         self.unite(position, scope, result)
@@ -358,5 +358,5 @@ class _Search:
                 self.graph.union(canonical(scope), canonical(result))
             if eager_steps or not position:  # else the new state is in the e-graph by congruence already
                 self.graph.union(canonical(state.expr), canonical(closed))  # at the root, the result after eager rules
-            current.rebuild_s += time.perf_counter() - tick
+            current.egraph_s += time.perf_counter() - tick
         return child
