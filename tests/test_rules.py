@@ -65,6 +65,7 @@ FIRING = {
     "boundary tightening": (applicable(RULES["boundary tightening"], require_nested=True), 0.9),  # 0.35-0.5
     "boundary relaxing": (applicable(RULES["boundary relaxing"], require_nested=True), 0.9),  # 0.3-0.55
     "traversal merging": (applicable(RULES["traversal merging"], require_nested=True), 0.9),  # 0.25-0.36
+    "broadcast elimination": (applicable(RULES["broadcast elimination"], require_nested=True, tries=8), 0.9),
     # a summation iterator read beside traversal iterators in a short axis, in a product
     "summation boundary tightening": (
         applicable(
@@ -112,6 +113,18 @@ FIRING = {
         0.9,
     ),  # 0.51
 }
+
+
+def test_broadcast_elimination_drops_an_unread_iterator_only_where_its_reads_stay_in_range():
+    """A nested scope repeated along an iterator its body never reads is read without it; where
+    the outer scope reads past that iterator's range (zeros there), the copy stays."""
+    shapes = {"A": (4, 6)}
+    repeated = parse("L i:4, j:3 ; S k:6 ; { L z:4, u:3, y:6 ; A[z, y] }[i, j, k] * A[i, k]", shapes)
+    (dropped,) = RULES["broadcast elimination"].apply(repeated)
+    assert dropped == parse("L i:4, j:3 ; S k:6 ; { L z:4, y:6 ; A[z, y] }[i, k] * A[i, k]", shapes)
+    assert assert_sound(RULES["broadcast elimination"], repeated) == 1
+    past = parse("L i:4, j:5 ; S k:6 ; { L z:4, u:3, y:6 ; A[z, y] }[i, j, k] * A[i, k]", shapes)
+    assert RULES["broadcast elimination"].apply(past) == []
 
 
 def test_every_rule_has_a_generator_that_makes_it_fire():
