@@ -15,15 +15,17 @@ def eliminate_broadcast(scope: Scope):
     psi(x) stays inside u's range on the whole box of x (else that read gave 0), which exact
     range inference checks. Variable substitution of a scope whose iterators were substituted
     before leaves such copies behind (G2BMM: a nested scope over (p, p1, t, t1) reading t and t1
-    only), each a tensor as many times larger as u has values. Eager, like traversal merging.
+    only), each a tensor as many times larger as u has values. A scope that reads no iterator at
+    all is a constant tensor, kept whole: Korch's ones vector turns a sum into a GEMM operand.
+    Eager, like traversal merging.
     """
     box = scope.box
     for access in nested_reads(scope.body):
         inner = access.source
         read = set().union(*(index_vars(ix) for a in accesses(inner.body) for ix in a.indices))
         kept = [k for k, it in enumerate(inner.traversal) if it.name in read]
-        if len(kept) == len(inner.traversal):
-            continue
+        if not kept or len(kept) == len(inner.traversal):
+            continue  # a constant tensor (a ones vector) is kept whole: its shape is its use
         dropped = [k for k in range(len(inner.traversal)) if k not in kept]
         if not all(_inside(access.indices[k], inner.traversal[k], box) for k in dropped):
             continue
