@@ -1,5 +1,5 @@
-"""The search: the rule DSL (``dsl``), exact fingerprints (``fingerprint``) and the explorative
-derivation over the e-graph (``explore``). Depends on ``rewriter.ir``, ``rewriter.index`` and
+"""The search: the rule DSL (``dsl``), exact fingerprints (``fingerprint``), the search's
+e-classes and e-nodes (``classes``) and the explorative derivation over the e-graph (``explore``). Depends on ``rewriter.ir``, ``rewriter.index`` and
 ``rewriter.egraph``; finds the rules of the ``rules`` package at run time and never names one."""
 
 from .dsl import KINDS, Rule, RuleError, fresh_name, pattern, registered, rule, substitute_traversal
