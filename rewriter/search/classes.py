@@ -46,9 +46,6 @@ class ScopeClasses:
         """The class of the canonical ``scope``, as a number that stays its class's."""
         return self._number.setdefault(self.find(scope), len(self._number))
 
-    def __len__(self) -> int:
-        return sum(1 for scope, parent in self._parent.items() if scope is parent)
-
     def classes(self) -> list[list[Scope]]:
         """Every class, as its canonical members (the representative first)."""
         groups: dict[Scope, list[Scope]] = {}

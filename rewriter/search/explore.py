@@ -289,8 +289,8 @@ def explore_levels(
 
 
 class _Search:
-    """One level's expansion: every explorative rule on every e-node of the frontier's states,
-    once. A shallow rule is keyed by the scope's e-node (nested scopes as their e-classes), any
+    """The search's expansion, level after level: every explorative rule on every e-node of the
+    frontier's states, once over the whole search. A shallow rule is keyed by the scope's e-node (nested scopes as their e-classes), any
     other rule by the whole scope; a key seen before, in this state or another, is shared by
     congruence and skipped. Each result becomes one new state, in the context where its scope
     was found (eager rules closed, fingerprinted, unioned in both e-graphs)."""
