@@ -31,7 +31,7 @@ from rewriter.lower import Candidate
 from .cuda import CudaBackend
 from .measure import MeasurementDB, device_id
 from .orchestrate import Orchestration, fuse_boundaries, orchestrate
-from .program import CompiledProgram, compile_candidate, remeasure, stitch
+from .program import CompiledProgram, compile_candidate, race_in_place, remeasure, stitch
 
 
 class Backend(Protocol):
@@ -86,8 +86,10 @@ class CpuBackend:
         candidates ("blp", ``limits``: ``max_primitives``, ``time_limit``), or the greedy
         fusion across subprogram ``boundaries`` ("greedy")."""
         if method == "greedy":
-            return fuse_boundaries(program, boundaries, self.db, self.tune)
-        return orchestrate(program, required, self.db, self.tune, **limits)
+            program, plan = fuse_boundaries(program, boundaries, self.db, self.tune)
+        else:
+            program, plan = orchestrate(program, required, self.db, self.tune, **limits)
+        return race_in_place(program), plan
 
 
 @dataclass

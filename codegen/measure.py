@@ -30,6 +30,8 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
+from rewriter._threads import IDLE_POLICY
+
 K = TypeVar("K")
 
 #: A run whose interquartile range exceeds this fraction of its median is noisy.
@@ -91,7 +93,9 @@ class Timing:
 
 @lru_cache(maxsize=1)
 def device_id() -> str:
-    """Name the machine a CPU timing is valid for: CPU model, architecture, cores, numpy's BLAS.
+    """Name the machine a CPU timing is valid for: CPU model, architecture, cores, numpy's BLAS,
+    and the thread pools' idle policy (``rewriter._threads``: a pool left spinning slows the
+    next library's calls).
 
     Timings move when any of these change (OpenBLAS picks its kernels by CPU model), and none of
     them change between runs on the same machine, so the string keys the database across runs.
@@ -100,7 +104,20 @@ def device_id() -> str:
     blas = _numpy_blas()
     if blas:
         parts.append(blas)
+    parts.append(" ".join(f"{name}={os.environ.get(name, '')}" for name in IDLE_POLICY))
     return " | ".join(parts)
+
+
+@lru_cache(maxsize=1)
+def last_level_cache() -> int:
+    """Bytes of the CPU's largest cache (Linux's sysfs), 32 MiB where the system does not say."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip()
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        digits = text.rstrip("KM")
+        sizes += [int(digits) * scale] if digits.isdigit() else []
+    return max(sizes, default=32 << 20)
 
 
 def _cpu_model() -> str:

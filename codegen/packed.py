@@ -4,17 +4,31 @@ For a matched ``C[b, m, n] = A[b, m, :] @ B[b, :, n]`` (a ``GemmMatch``) whose B
 weight (``Kernel.weights``), the weight is copied once, when the program's weights are bound, into
 panels of ``PANEL`` columns, ``P[b, j, k, l] = B[b, k, PANEL*j + l]`` (zero past the last
 column), so that each step of the sum reads one contiguous vector and the whole weight streams
-from memory in order. The product is then the scope
+from memory in order. A is laid out k-major, ``T[b, k, m] = A[b, m, k]`` (rows past m zero), by a
+small transposition kernel on every call, so that the rows of a register tile at one step of the
+sum are one contiguous run too. The product is then the scope
 
-    C[b, m, j, l] = S k ; A[b, m, k] * P[b, j, k, l]        (C is the output, padded to whole panels)
+    C[b, m, j, l] = S k ; T[b, k, m] * P[b, j, k, l]        (C is the output, padded to whole panels)
 
 compiled by TVM like any other (``compile_scope``: lanes along l, a register tile of rows of m
-sharing each panel vector), with A copied into a buffer of whole row tiles (``ROWS``). This is how
-onnxruntime's MLAS runs a MatMul with a constant weight; the BLAS call (numpy's) copies the
-weight into its own panels on every call. Measured here (AMD EPYC, 2 cores, float32, 12 weights
-in turn, ms per product): 197x768 @ 768x3072 BLAS 5.20, TVM on the weight as it lies 10.9, this
-4.55; 32x768 @ 768x3072 BLAS 1.51, TVM 0.92, this 1.09. Which wins depends on the shape, so
-all three are raced.
+sharing each panel vector). This is how onnxruntime's MLAS runs a MatMul with a constant weight
+(it packs A too); the BLAS call (numpy's) copies the weight into its own panels on every call.
+Reading A as it lies instead, the tile's rows sit K floats apart: with K = 3072 they map to one
+set of the 8-way L1 cache and evict each other. Measured here (AMD EPYC, 2 cores, float32, ms per
+product, weights cold: enough copies to overflow the L3 cache, in turn), M x K @ K x N:
+
+    =============== ====== ===== ================== ==============
+    shape            BLAS   A as  k-major A (incl.   onnxruntime
+                            it    transposition)     (2 threads)
+                            lies
+    =============== ====== ===== ================== ==============
+    32x3072 @ 768    1.32   1.46  0.81               0.91
+    32x768 @ 3072    1.35   0.94  0.74               0.82
+    32x768 @ 768     0.36   0.24  0.20               0.22
+    197x3072 @ 768   5.00   4.66  4.58               4.69
+    =============== ====== ===== ================== ==============
+
+Which implementation wins depends on the shape, so they are raced.
 
 ``packed_call(kernel, dtype)`` returns the call, or None where B is not a weight. The call's
 ``prepare(values)`` gives the panels of B to keep with the program's constants (``bind``); the
@@ -64,7 +78,9 @@ class _Packed:
         self.b_batch = 1 if match.b.strides[0] == 0 else batches
         self.batches = batches
         self.kernel = _compile(self.a_batch, self.b_batch, batches, self.rows, k, self.panels, str(dtype))
-        self.a_buffer = _aligned_zeros((self.a_batch, self.rows, k), dtype)  # rows past m stay 0
+        self.transpose = _transposition(self.a_batch, m, k, self.rows, str(dtype))
+        self.a_buffer = aligned_empty((self.a_batch, m, k), dtype)  # A where its view is not contiguous
+        self.t_buffer = aligned_empty((self.a_batch, k, self.rows), dtype)  # A k-major, rows past m zero
         self.c_buffer = aligned_empty((batches, self.rows, self.panels, PANEL), dtype)
         # C lands in the output as it lies: no copy (where the output is aligned)
         self.direct = (self.rows, self.panels * PANEL) == (m, n) and tuple(match.out_strides[1:]) == (n, 1)
@@ -90,10 +106,12 @@ class _Packed:
         if panels is None:  # not bound: B changes from call to call
             panels = self.prepare(values)[self.name]
         a = operand_view(values, self.match.a)[: self.a_batch]
-        if self.rows != self.m or not is_aligned(a):
-            self.a_buffer[:, : self.m] = a
+        if not (a.flags.c_contiguous and is_aligned(a)):
+            self.a_buffer[...] = a
             a = self.a_buffer
-        arguments = {"A": a[0] if self.a_batch == 1 else a, "P": panels[0] if self.b_batch == 1 else panels}
+        t = self.t_buffer
+        self.transpose.run({"A": a[0] if self.a_batch == 1 else a}, t[0] if self.a_batch == 1 else t)
+        arguments = {"T": t[0] if self.a_batch == 1 else t, "P": panels[0] if self.b_batch == 1 else panels}
         if self.direct and is_aligned(out):
             self.kernel.run(arguments, out.reshape(self.c_buffer.shape))
             return
@@ -105,19 +123,22 @@ class _Packed:
         np.copyto(target, product)
 
 
-def _aligned_zeros(shape, dtype) -> np.ndarray:
-    array = aligned_empty(shape, dtype)
-    array[...] = 0
-    return array
-
-
 def _compile(a_batch: int, b_batch: int, batches: int, rows: int, k: int, panels: int, dtype: str) -> TvmKernel:
-    """The product over panels as a scope, compiled (and cached on disk) like any other."""
-    a = "A[b, m, k]" if a_batch > 1 else "A[m, k]"
+    """The product of k-major A and the panels as a scope, compiled (and cached on disk) like any other."""
+    t = "T[b, k, m]" if a_batch > 1 else "T[k, m]"
     p = "P[b, j, k, l]" if b_batch > 1 else "P[j, k, l]"
     shapes = {
-        "A": (a_batch, rows, k) if a_batch > 1 else (rows, k),
+        "T": (a_batch, k, rows) if a_batch > 1 else (k, rows),
         "P": (b_batch, panels, k, PANEL) if b_batch > 1 else (panels, k, PANEL),
     }
-    scope = parse(f"L b:{batches}, m:{rows}, j:{panels}, l:{PANEL} ; S k:{k} ; {a} * {p}", shapes)
+    scope = parse(f"L b:{batches}, m:{rows}, j:{panels}, l:{PANEL} ; S k:{k} ; {t} * {p}", shapes)
+    return compile_scope(scope, dtype=dtype)
+
+
+def _transposition(a_batch: int, m: int, k: int, rows: int, dtype: str) -> TvmKernel:
+    """``T[b, k, r] = A[b, r, k]`` over ``rows`` rows: the rows past A's m read as zero."""
+    if a_batch > 1:
+        scope = parse(f"L b:{a_batch}, k:{k}, r:{rows} ; A[b, r, k]", {"A": (a_batch, m, k)})
+    else:
+        scope = parse(f"L k:{k}, r:{rows} ; A[r, k]", {"A": (m, k)})
     return compile_scope(scope, dtype=dtype)

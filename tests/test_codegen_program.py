@@ -321,6 +321,7 @@ PACKED_CASES = [
     ("L m:13, n:48 ; S k:20 ; A[m, k] * B[n, k]", {"A": (13, 20), "B": (48, 20)}),  # rows past a tile, B^T
     ("L b:3, m:8, n:16 ; S k:8 ; A[m, k] * B[b, k, n]", {"A": (8, 8), "B": (3, 8, 16)}),  # A broadcast
     ("L m:8, b:3, n:20 ; S k:8 ; A[b, m, k] * B[b, k, n]", {"A": (3, 8, 8), "B": (3, 8, 20)}),  # C strided
+    ("L m:8, n:16 ; S k:12 ; A[k, m] * B[k, n]", {"A": (12, 8), "B": (12, 16)}),  # A^T: copied, then k-major
 ]
 
 
@@ -373,3 +374,59 @@ def test_packed_weights_are_laid_out_again_after_stitching_saving_and_loading(tm
     assert not list((tmp_path / "prog").glob("*.panels.npy"))  # laid out again on load, not stored
     again = load(tmp_path / "prog").run({"X": x, "H2": h2})
     _close(again["out"], h2 @ w2, 1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# Timing as the program runs: weights cold (``_timing_call``), implementations raced in place
+
+
+def test_a_kernel_reading_weights_is_timed_over_copies_of_them_that_overflow_the_cache():
+    from codegen.measure import last_level_cache
+    from codegen.program import Step, _cold_copies, _timing_call
+
+    expr = matmul((4, 256), (256, 512))  # B: 512 KiB
+    (kernel,) = postprocess(instantiate(expr), weights=("B",)).kernels
+    seen: dict[str, set] = {"A": set(), "B": set()}
+
+    def call(values, out):
+        for name in seen:
+            seen[name].add(values[name].ctypes.data)
+
+    copies = _cold_copies(256 * 512 * 4)
+    assert copies == min(64, -(-2 * last_level_cache() // (256 * 512 * 4))) and copies > 1
+    run = _timing_call(Step(kernel, "blas", call), "float32", np.random.default_rng(0))
+    for _ in range(2 * copies):
+        run()
+    assert len(seen["B"]) == copies and len(seen["A"]) == 1  # the weight takes turns, the input does not
+    assert _cold_copies(0) == 1 and _cold_copies(1 << 40) == 1
+
+
+def test_the_in_place_race_keeps_the_implementation_that_is_fastest_where_the_program_runs_it(monkeypatch):
+    import time
+
+    from codegen import program as program_module
+    from codegen.program import race_in_place
+
+    expr = matmul((16, 64), (64, 48))
+    (kernel,) = postprocess(instantiate(expr), weights=("B",)).kernels
+    assert set(implementations(kernel)) == {"blas", "tvm", "packed"}
+    slow = program_module.LIBRARY_CALLS["blas"]
+
+    def slowed(kernel, dtype):  # BLAS, 2 ms late: the race must not keep it
+        call = slow(kernel, dtype)
+
+        def late(values, out):
+            time.sleep(0.002)
+            call(values, out)
+
+        return late
+
+    monkeypatch.setitem(program_module.LIBRARY_CALLS, "blas", slowed)
+    inputs = random_inputs(expr, 3)
+    start = CompiledProgram([_step(kernel, "blas", "float32")], {"A": (16, 64), "B": (64, 48)}).bind(
+        {"B": inputs["B"]}
+    )
+    raced = race_in_place(start, rounds=3)
+    (step,) = raced.steps
+    assert step.impl in ("tvm", "packed") and 0 < step.seconds < 0.002
+    _close(raced(A=inputs["A"]), evaluate(expr, inputs), 1e-5)
