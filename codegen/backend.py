@@ -20,12 +20,12 @@ A program is callable on named inputs (``program(**inputs) -> array``) and has `
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
-from rewriter.ir import ExpressionError
+from rewriter.ir import ExpressionError, tensor_shapes
 from rewriter.lower import Candidate
 
 from .cuda import CudaBackend
@@ -85,11 +85,49 @@ class CpuBackend:
         """Which primitives of a stitched program share a kernel: Korch's BLP over measured
         candidates ("blp", ``limits``: ``max_primitives``, ``time_limit``), or the greedy
         fusion across subprogram ``boundaries`` ("greedy")."""
+        alternatives = limits.pop("alternatives", {})
         if method == "greedy":
-            program, plan = fuse_boundaries(program, boundaries, self.db, self.tune)
+            orchestrated, plan = fuse_boundaries(program, boundaries, self.db, self.tune)
         else:
-            program, plan = orchestrate(program, required, self.db, self.tune, **limits)
-        return race_in_place(program), plan
+            orchestrated, plan = orchestrate(program, required, self.db, self.tune, **limits)
+        return race_shared_in_place(program, orchestrated, plan, alternatives)
+
+
+def race_shared_in_place(
+    stitched: CompiledProgram, orchestrated: CompiledProgram, plan: Orchestration, derived=None
+) -> tuple[CompiledProgram, Orchestration]:
+    """The orchestrated program checked where it runs (``race_in_place``): each kernel that
+    computes several primitives against those primitives' own kernels (from ``stitched``), each
+    kernel that a subprogram's derivation chose against its runners-up (``derived``: output ->
+    compiled programs, where orchestration left that kernel as it was), then every kernel's
+    implementations. The plan loses the shared kernels taken apart; ``figures`` counts them
+    (``apart_in_place``) and the runners-up taken (``runners_up_in_place``)."""
+    constant = set(stitched.constants)
+    apart = {
+        k.output: [[s for s in stitched.steps if s.kernel.output in k.primitives and s.kernel.output not in constant]]
+        for k in plan.shared
+    }
+    made = {s.kernel.output: s.kernel.expr for s in stitched.steps}
+    kept = {s.kernel.output for s in orchestrated.steps if made.get(s.kernel.output) == s.kernel.expr}
+    derived = {name: programs for name, programs in (derived or {}).items() if name in kept and name not in apart}
+    others = {
+        name: [[s for s in p.steps if s.kernel.output not in p.constants] for p in programs]
+        for name, programs in derived.items()
+    }
+    extra = {n: v for programs in derived.values() for p in programs for n, v in p.constants.items()}
+    orchestrated = replace(orchestrated, constants=extra | orchestrated.constants, buffers={})
+    raced, picks = race_in_place(orchestrated, apart | others)
+    raced, _ = race_in_place(raced)  # the implementations of the kernels the first race put back
+    before = {s.kernel.output: s.kernel.expr for s in orchestrated.steps}
+    after = {s.kernel.output: s.kernel.expr for s in raced.steps}
+    changed = {n for n in picks if after.get(n) != before[n]}  # another kernel computes it now
+    separated = changed & set(apart)
+    plan = replace(plan, shared=[k for k in plan.shared if k.output not in separated])
+    plan.figures["apart_in_place"] = len(separated)
+    plan.figures["runners_up_in_place"] = len(changed & set(others))
+    used = {n for s in raced.steps for n in tensor_shapes(s.kernel.expr)} | {s.kernel.output for s in raced.steps}
+    raced.constants = {n: v for n, v in raced.constants.items() if n in used}  # runners-up's, if not taken
+    return raced.prepare(), plan
 
 
 @dataclass

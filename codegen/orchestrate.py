@@ -81,6 +81,11 @@ class Orchestration:
             )
         if "seconds" in f:
             lines.append(f"  {f['baseline_seconds'] * 1e3:.3f} ms as primitives -> {f['seconds'] * 1e3:.3f} ms")
+        if "apart_in_place" in f:
+            lines.append(
+                f"  raced where the program runs: {f['apart_in_place']} shared kernels taken apart,"
+                f" {f['runners_up_in_place']} derived kernels replaced by a runner-up"
+            )
         for k in self.shared:
             edges = "; ".join(f"{p} -{w}-> {c}" for p, c, w in k.widths)
             lines.append(

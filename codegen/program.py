@@ -323,51 +323,79 @@ def remeasure(
             db.put(key, timing)
 
 
-def race_in_place(program: CompiledProgram, rounds: int = 6, seed: int = 0) -> CompiledProgram:
+def race_in_place(
+    program: CompiledProgram, alternatives: Mapping[str, Sequence[Sequence[Step]]] | None = None, rounds: int = 6
+) -> tuple[CompiledProgram, dict[str, int]]:
     """``program`` with each kernel's implementation chosen by its time where the program runs
-    it: every kernel with several implementations (a product: BLAS, packed, TVM) takes each in
-    turn across ``rounds`` runs per implementation of the whole program on random inputs, each
-    call timed where it stands, and keeps the one with the least median. Each kernel's
-    ``seconds`` becomes its median there.
+    it: every kernel with several implementations (a product: BLAS, packed, TVM), or with
+    ``alternatives`` (by its output: other steps computing it, such as the kernels a fused
+    kernel was made of), takes each in turn across ``rounds`` runs per alternative of the whole
+    program (on zeros), each call timed where it stands, and the one with the least median is
+    kept; each kept step's ``seconds`` becomes its median there. An alternative of several
+    steps also runs with each of its steps taking each of its implementations. Returns the
+    program and, for each output raced, the alternative kept (0: as it was, then
+    ``alternatives``' and their variants in order, then the other implementations).
 
     Timed alone, a kernel runs with both cores awake and its inputs in cache; in a program it
     follows other kernels, and its times and their ranking differ (measured here: BERT-base's
     query-key-value product, TVM's 0.52 ms and packed 0.58 ms alone, 0.76 and 0.68 after 3 ms of
     other work on one core). The implementations' own measurements decide what is compiled;
     this race decides among what was compiled, as the program is used."""
-    rng = np.random.default_rng(seed)
-    steps = list(program.steps)
-    options: dict[int, list[Step]] = {}
-    for index, step in enumerate(steps):
-        if step.kernel.weight_only or step.kernel.output in program.constants:
-            continue
-        found = [step] + [o for o in _options(step, program.dtype) if o.impl != step.impl]
-        if len(found) > 1:
-            options[index] = found
-    if not options:
-        return program
+    slots = []  # per step of the program: its alternatives, each a list of steps
+    for step in program.steps:
+        found = [[step]]
+        if not (step.kernel.weight_only or step.kernel.output in program.constants):
+            for given in (alternatives or {}).get(step.kernel.output, ()):
+                found += _variants(list(given), program.dtype)
+            found += [[o] for o in _options(step, program.dtype) if o.impl != step.impl]
+        slots.append(found)
+    raced = [i for i, found in enumerate(slots) if len(found) > 1]
+    if not raced:
+        return program, {}
     prepared = dict(program.prepared)
-    for found in options.values():
-        for option in found:
-            if hasattr(option.call, "prepare"):
-                prepared.update(option.call.prepare(program.constants))
-    samples: dict[tuple[int, int], list[float]] = {}
-    trial = CompiledProgram(steps, program.inputs, program.dtype, constants=program.constants, prepared=prepared)
-    given = {n: shape for n, shape in program.inputs.items() if n not in program.constants}
-    inputs = {n: rng.uniform(-1, 1, shape) for n, shape in given.items()}
-    for n in _opaque_reads(program) & set(given):
-        inputs[n] = np.zeros(given[n])  # gather indices: 0 is valid, random values are not
-    for turn in range(1 + rounds * max(len(found) for found in options.values())):
-        for index, found in options.items():
+    for step in (s for i in raced for found in slots[i] for s in found):
+        if hasattr(step.call, "prepare"):
+            prepared.update(step.call.prepare(program.constants))
+    # zeros: a gather's indices may be computed from any input, and 0 is always a valid index
+    inputs = {n: np.zeros(shape) for n, shape in program.inputs.items() if n not in program.constants}
+    samples: dict[tuple, list[float]] = {}  # (slot, alternative, step) -> seconds per run
+    buffers: dict[str, np.ndarray] = {}
+    for turn in range(1 + rounds * max(len(slots[i]) for i in raced)):
+        steps = []
+        for i, found in enumerate(slots):
             k = turn % len(found)
-            trial.steps[index] = replace(found[k], call=_stopwatch(found[k].call, samples.setdefault((index, k), [])))
+            steps += [
+                replace(s, call=_stopwatch(s.call, samples.setdefault((i, k, j), []))) if len(found) > 1 else s
+                for j, s in enumerate(found[k])
+            ]
+        trial = CompiledProgram(steps, program.inputs, program.dtype, constants=program.constants, buffers=buffers)
+        trial.prepared = prepared
         trial.run(inputs)
-    chosen = list(steps)
-    for index, found in options.items():
-        medians = [float(np.median(samples[index, k][1:] or samples[index, k])) for k in range(len(found))]
-        best = int(np.argmin(medians))
-        chosen[index] = replace(found[best], seconds=medians[best])
-    return replace(program, steps=chosen, constants=dict(program.constants), buffers={}).prepare()
+    chosen, picks = [], {}
+    for i, found in enumerate(slots):
+        if len(found) == 1:
+            chosen += found[0]
+            continue
+        medians = [[_median(samples[i, k, j]) for j in range(len(alt))] for k, alt in enumerate(found)]
+        best = min(range(len(found)), key=lambda k: sum(medians[k]))
+        chosen += [replace(s, seconds=t) for s, t in zip(found[best], medians[best])]
+        picks[program.steps[i].kernel.output] = best
+    return replace(program, steps=chosen, constants=dict(program.constants), buffers={}).prepare(), picks
+
+
+def _variants(steps: list[Step], dtype: str) -> list[list[Step]]:
+    """``steps``, then ``steps`` with one of them taking each of its other implementations (a
+    product and its epilogue apart: the product by BLAS, packed, TVM)."""
+    found = [steps]
+    for index, step in enumerate(steps):
+        if not step.kernel.weight_only:
+            found += [[*steps[:index], o, *steps[index + 1 :]] for o in _options(step, dtype) if o.impl != step.impl]
+    return found
+
+
+def _median(samples: list[float]) -> float:
+    """The median of a step's in-place times, the first (its buffers and code still cold) left out."""
+    return float(np.median(samples[1:] or samples))
 
 
 def _options(step: Step, dtype: str) -> list[Step]:
@@ -388,10 +416,6 @@ def _stopwatch(call: Callable, samples: list[float]) -> Callable:
         samples.append(time.perf_counter() - start)
 
     return timed
-
-
-def _opaque_reads(program: CompiledProgram) -> set[str]:
-    return {n for s in program.steps if s.kernel.kind == "opaque" for n in tensor_shapes(s.kernel.expr)}
 
 
 def _timing_call(step: Step, dtype: str, rng) -> Callable[[], None]:

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -423,10 +424,33 @@ def test_the_in_place_race_keeps_the_implementation_that_is_fastest_where_the_pr
 
     monkeypatch.setitem(program_module.LIBRARY_CALLS, "blas", slowed)
     inputs = random_inputs(expr, 3)
-    start = CompiledProgram([_step(kernel, "blas", "float32")], {"A": (16, 64), "B": (64, 48)}).bind(
-        {"B": inputs["B"]}
-    )
-    raced = race_in_place(start, rounds=3)
+    start = CompiledProgram([_step(kernel, "blas", "float32")], {"A": (16, 64), "B": (64, 48)}).bind({"B": inputs["B"]})
+    raced, picks = race_in_place(start, rounds=3)
     (step,) = raced.steps
+    assert picks["out"] > 0  # not the step it started from
     assert step.impl in ("tvm", "packed") and 0 < step.seconds < 0.002
     _close(raced(A=inputs["A"]), evaluate(expr, inputs), 1e-5)
+
+
+def test_the_in_place_race_takes_a_fused_kernel_apart_where_its_kernels_apart_run_faster():
+    import time
+
+    from codegen.program import race_in_place
+    from rewriter import parse
+    from rewriter.lower import fuse
+
+    shapes = {"X": (16, 32), "W": (32, 24)}
+    expr = parse("L i:16, j:24 ; relu({ L i:16, j:24 ; S k:32 ; X[i, k] * W[k, j] }[i, j])", shapes)
+    apart = compile_candidate(postprocess(instantiate(expr), weights=("W",)), shapes)
+    assert [k.kind for k in apart.kernels] == ["matmul", "eop"]
+    fused = _step(fuse(*apart.kernels), "tvm", "float32")
+
+    def late(values, out):  # the fused kernel, 2 ms late
+        time.sleep(0.002)
+        fused.compiled.run(values, out)
+
+    program = CompiledProgram([replace(fused, call=late)], {"X": (16, 32)}).bind({"W": np.ones((32, 24))})
+    raced, picks = race_in_place(program, {"out": [apart.steps]}, rounds=3)
+    assert picks == {"out": 1} and [s.kernel.kind for s in raced.steps] == ["matmul", "eop"]
+    x = np.random.default_rng(0).uniform(-1, 1, (16, 32))
+    _close(raced(X=x), np.maximum(x @ np.ones((32, 24)), 0), 1e-5)

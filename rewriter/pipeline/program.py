@@ -74,6 +74,9 @@ class OptimizedProgram:
     subprograms: list[Subprogram]
     program: object  # codegen.program.CompiledProgram over the model's tensor names
     orchestration: Orchestration = field(default_factory=lambda: Orchestration("none"))
+    # subprogram output -> its runners-up (programs of other kernel structures the derivation
+    # measured), over the model's names: orchestration races them where the program runs them
+    alternatives: dict[str, list] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def cost(self) -> float:
@@ -312,23 +315,28 @@ def optimize_program(
         interrupted = True
     program = fuse_elementwise(program)
     derived: dict[tuple, tuple] = {}
-    subprograms, parts = [], []
+    subprograms, parts, runners_up = [], [], {}
     taken = set(program.inputs) | {name for name, _ in program.definitions}
     for index, (name, expr) in enumerate(program.definitions):
         remaining = None if deadline is None else deadline - time.perf_counter()
         budget = min((t for t in (remaining, subprogram_time_limit) if t is not None), default=None)
         searched = not interrupted and (budget is None or budget > 0)
         try:
-            sub, compiled = _subprogram(name, expr, weights, derived, backend, max_depth if searched else None, budget)
+            sub, compiled, others = _subprogram(
+                name, expr, weights, derived, backend, max_depth if searched else None, budget
+            )
         except KeyboardInterrupt:  # this one and the rest run as written
             interrupted = True
-            sub, compiled = _subprogram(name, expr, weights, derived, backend, None, None)
+            sub, compiled, others = _subprogram(name, expr, weights, derived, backend, None, None)
         subprograms.append(sub)
         parts.append((compiled, _global_names(sub, compiled, taken)))
+        runners_up[name] = [(other, _global_names(sub, other, taken)) for other in others]
         if on_subprogram:
             on_subprogram(sub, index, len(program.definitions))
     inputs = {n: s for n, s in program.inputs.items() if n not in weights}
     stitched = OptimizedProgram(inputs, program.outputs, subprograms, backend.stitch(parts, inputs))
+    for name, others in runners_up.items():  # each renamed like its subprogram, with its bound constants
+        stitched.alternatives[name] = [backend.stitch([other], inputs) for other in others]
     remaining = None if deadline is None else deadline - time.perf_counter()
     if orchestration == "none" or interrupted or (remaining is not None and remaining <= 0):
         return stitched
@@ -350,8 +358,9 @@ def orchestrate_program(
     outputs = set(optimized.outputs)
     boundaries = {s.name for s in optimized.subprograms} - outputs
     limits = {"time_limit": time_limit} if method == "blp" and time_limit is not None else {}
+    limits |= {"alternatives": optimized.alternatives} if optimized.alternatives else {}
     program, plan = backend.orchestrate(optimized.program, outputs, boundaries, method, **limits)
-    return replace(optimized, program=program, orchestration=plan)
+    return replace(optimized, program=program, orchestration=plan, alternatives={})
 
 
 def _subprogram(
@@ -370,9 +379,11 @@ def _subprogram(
     )
     kernels_before = 1 if opaque else len(instantiate(expr).kernels)
     start = time.perf_counter()
+    others = []
     if key in derived:  # searched once already: same kernels, this subprogram's weights
-        first, original_s, explain = derived[key]
+        first, original_s, explain, seconds = derived[key]
         compiled = first.rebound(bound)
+        others = [p.rebound(bound) for p in seconds]
         state, search_s = "reused", 0.0
     elif max_depth is None or opaque:  # one kernel as written: TVM's, or the opaque function
         kernel = Kernel("opaque" if opaque else "eop", "out", positional)
@@ -387,12 +398,26 @@ def _subprogram(
         as_written = (p for p in derivation.candidates if p.source is None and [k.kind for k in p.kernels] == ["eop"])
         original_s = next(as_written, best).cost  # (the identity is dropped only if its compiled form disagreed)
         explain = derivation.explain(best)
-        derived[key] = (best, original_s, explain)
+        derived[key] = (best, original_s, explain, _runners_up(derivation.candidates, best))
         compiled = best.rebound(bound)
+        others = [p.rebound(bound) for p in derived[key][3]]
         state, search_s = "derived", time.perf_counter() - start
     kinds = tuple(k.kind for k in compiled.kernels)
     sub = Subprogram(name, expr, kinds, arguments, state, original_s, compiled.cost, search_s, explain, kernels_before)
-    return sub, compiled
+    return sub, compiled, others
+
+
+def _runners_up(candidates, best, count: int = 2) -> list:
+    """The cheapest ``count`` verified candidates whose kernels differ in kind from ``best``'s and
+    each other's (a matmul and its epilogue apart, where ``best`` is one fused kernel): timed
+    alone they lost, where the program runs them they may not."""
+    seen, found = {tuple(k.kind for k in best.kernels)}, []
+    for candidate in candidates:
+        kinds = tuple(k.kind for k in candidate.kernels)
+        if kinds not in seen and len(found) < count:
+            seen.add(kinds)
+            found.append(candidate)
+    return found
 
 
 def _global_names(sub: Subprogram, compiled, taken: set[str]) -> dict[str, str]:
