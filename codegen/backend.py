@@ -80,12 +80,18 @@ class CpuBackend:
         return stitch(parts, inputs)
 
     def orchestrate(
-        self, program: CompiledProgram, required: set[str], boundaries: set[str], method: str = "blp", **limits
+        self,
+        program: CompiledProgram,
+        required: set[str],
+        boundaries: set[str],
+        method: str = "blp",
+        alternatives: Mapping[str, Sequence[CompiledProgram]] | None = None,
+        **limits,
     ) -> tuple[CompiledProgram, Orchestration]:
         """Which primitives of a stitched program share a kernel: Korch's BLP over measured
         candidates ("blp", ``limits``: ``max_primitives``, ``time_limit``), or the greedy
-        fusion across subprogram ``boundaries`` ("greedy")."""
-        alternatives = limits.pop("alternatives", {})
+        fusion across subprogram ``boundaries`` ("greedy"); then the plan raced where the program
+        runs (``race_shared_in_place``, with the subprograms' runners-up ``alternatives``)."""
         if method == "greedy":
             orchestrated, plan = fuse_boundaries(program, boundaries, self.db, self.tune)
         else:
@@ -94,12 +100,15 @@ class CpuBackend:
 
 
 def race_shared_in_place(
-    stitched: CompiledProgram, orchestrated: CompiledProgram, plan: Orchestration, derived=None
+    stitched: CompiledProgram,
+    orchestrated: CompiledProgram,
+    plan: Orchestration,
+    runners_up: Mapping[str, Sequence[CompiledProgram]] | None = None,
 ) -> tuple[CompiledProgram, Orchestration]:
     """The orchestrated program checked where it runs (``race_in_place``): each kernel that
     computes several primitives against those primitives' own kernels (from ``stitched``), each
-    kernel that a subprogram's derivation chose against its runners-up (``derived``: output ->
-    compiled programs, where orchestration left that kernel as it was), then every kernel's
+    kernel that a subprogram's derivation chose against its runners-up (``runners_up``: output
+    -> compiled programs, where orchestration left that kernel as it was), then every kernel's
     implementations. The plan loses the shared kernels taken apart; ``figures`` counts them
     (``apart_in_place``) and the runners-up taken (``runners_up_in_place``)."""
     constant = set(stitched.constants)
@@ -109,12 +118,12 @@ def race_shared_in_place(
     }
     made = {s.kernel.output: s.kernel.expr for s in stitched.steps}
     kept = {s.kernel.output for s in orchestrated.steps if made.get(s.kernel.output) == s.kernel.expr}
-    derived = {name: programs for name, programs in (derived or {}).items() if name in kept and name not in apart}
+    runners_up = {n: programs for n, programs in (runners_up or {}).items() if n in kept and n not in apart}
     others = {
         name: [[s for s in p.steps if s.kernel.output not in p.constants] for p in programs]
-        for name, programs in derived.items()
+        for name, programs in runners_up.items()
     }
-    extra = {n: v for programs in derived.values() for p in programs for n, v in p.constants.items()}
+    extra = {n: v for programs in runners_up.values() for p in programs for n, v in p.constants.items()}
     orchestrated = replace(orchestrated, constants=extra | orchestrated.constants, buffers={})
     raced, picks = race_in_place(orchestrated, apart | others)
     raced, _ = race_in_place(raced)  # the implementations of the kernels the first race put back

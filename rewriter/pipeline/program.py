@@ -358,8 +358,9 @@ def orchestrate_program(
     outputs = set(optimized.outputs)
     boundaries = {s.name for s in optimized.subprograms} - outputs
     limits = {"time_limit": time_limit} if method == "blp" and time_limit is not None else {}
-    limits |= {"alternatives": optimized.alternatives} if optimized.alternatives else {}
-    program, plan = backend.orchestrate(optimized.program, outputs, boundaries, method, **limits)
+    program, plan = backend.orchestrate(
+        optimized.program, outputs, boundaries, method, alternatives=optimized.alternatives, **limits
+    )
     return replace(optimized, program=program, orchestration=plan, alternatives={})
 
 
@@ -381,9 +382,9 @@ def _subprogram(
     start = time.perf_counter()
     others = []
     if key in derived:  # searched once already: same kernels, this subprogram's weights
-        first, original_s, explain, seconds = derived[key]
+        first, original_s, explain, runners = derived[key]
         compiled = first.rebound(bound)
-        others = [p.rebound(bound) for p in seconds]
+        others = [p.rebound(bound) for p in runners]
         state, search_s = "reused", 0.0
     elif max_depth is None or opaque:  # one kernel as written: TVM's, or the opaque function
         kernel = Kernel("opaque" if opaque else "eop", "out", positional)
