@@ -3,10 +3,9 @@
 numpy's OpenBLAS keeps its threads spinning for about 2**28 cycles after each call, holding the
 cores that the generated kernels run on next: a MobileNetV2 program (104 BLAS and TVM kernels)
 took 15.4 ms end to end that way and 11.9 ms with the threads asleep at once. TVM's pool does
-the same (its default spin count kept a worker busy for the whole of a 50 ms pause after one
-kernel), so a BLAS call after a TVM kernel ran against a spinning thread: one convolution's
-im2col + BLAS call measured 1.5 ms or 3.7 ms depending on what ran before it, and the worse
-timing, once stored, chose TVM's 2.9 ms kernel instead. Both pools are told to sleep when idle.
+the same: with its default spin count a worker stayed busy through the whole of a 50 ms pause
+after one kernel (process CPU time), holding the core the next BLAS call, or the next library,
+needs. Both pools are told to sleep when idle, as the benchmarks already ran them.
 OpenBLAS reads ``OPENBLAS_THREAD_TIMEOUT`` (2**N cycles, N from 4) and TVM
 ``TVM_THREAD_POOL_SPIN_COUNT`` once, when they load; a value the user set still decides, and a
 numpy imported before ``rewriter`` keeps its own. ``codegen.measure.device_id`` names both, so
