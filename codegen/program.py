@@ -342,13 +342,16 @@ def race_in_place(
     other work on one core). The implementations' own measurements decide what is compiled;
     this race decides among what was compiled, as the program is used."""
     slots = []  # per step of the program: its alternatives, each a list of steps
+    available = set(program.inputs) | set(program.constants)
     for step in program.steps:
         found = [[step]]
         if not (step.kernel.weight_only or step.kernel.output in program.constants):
             for given in (alternatives or {}).get(step.kernel.output, ()):
-                found += _variants(list(given), program.dtype)
+                if _runs_on(given, available):  # (a tensor orchestration fused away is no input)
+                    found += _variants(list(given), program.dtype)
             found += [[o] for o in _options(step, program.dtype) if o.impl != step.impl]
         slots.append(found)
+        available.add(step.kernel.output)
     raced = [i for i, found in enumerate(slots) if len(found) > 1]
     if not raced:
         return program, {}
@@ -381,6 +384,16 @@ def race_in_place(
         chosen += [replace(s, seconds=t) for s, t in zip(found[best], medians[best])]
         picks[program.steps[i].kernel.output] = best
     return replace(program, steps=chosen, constants=dict(program.constants), buffers={}).prepare(), picks
+
+
+def _runs_on(steps: Sequence[Step], available: set[str]) -> bool:
+    """Whether ``steps``, in order, read only ``available`` tensors and each other's outputs."""
+    made = set(available)
+    for step in steps:
+        if not set(tensor_shapes(step.kernel.expr)) <= made:
+            return False
+        made.add(step.kernel.output)
+    return True
 
 
 def _variants(steps: list[Step], dtype: str) -> list[list[Step]]:

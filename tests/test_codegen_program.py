@@ -450,7 +450,8 @@ def test_the_in_place_race_takes_a_fused_kernel_apart_where_its_kernels_apart_ru
         fused.compiled.run(values, out)
 
     program = CompiledProgram([replace(fused, call=late)], {"X": (16, 32)}).bind({"W": np.ones((32, 24))})
-    raced, picks = race_in_place(program, {"out": [apart.steps]}, rounds=3)
-    assert picks == {"out": 1} and [s.kernel.kind for s in raced.steps] == ["matmul", "eop"]
+    elsewhere = [replace(step, kernel=step.kernel.renamed({"X": "gone"})) for step in apart.steps]
+    raced, picks = race_in_place(program, {"out": [elsewhere, apart.steps]}, rounds=3)
+    assert picks == {"out": 1} and [s.kernel.kind for s in raced.steps] == ["matmul", "eop"]  # "gone": no input
     x = np.random.default_rng(0).uniform(-1, 1, (16, 32))
     _close(raced(X=x), np.maximum(x @ np.ones((32, 24)), 0), 1e-5)
