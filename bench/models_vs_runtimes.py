@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from vs_torch import greedy_and_orchestrated, interleaved, orchestration_columns  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
+from vs_torch import greedy_and_orchestrated, interleaved, orchestration_columns, write_rows  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
@@ -139,9 +139,7 @@ def main() -> None:
         # Rows of earlier runs (other models) are kept, so models can be measured one run at a time.
         rows = [r for r in (json.loads(out.read_text()) if out.exists() else []) if r["model"] != name]
         ordered = sorted(rows + [row], key=lambda r: list(MODELS).index(r["model"]))
-        partial = out.with_suffix(".partial")
-        partial.write_text(json.dumps(ordered, indent=1))
-        partial.replace(out)
+        write_rows(out, ordered)
     print(f"wrote {out.relative_to(ROOT)}")
 
 

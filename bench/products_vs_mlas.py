@@ -13,7 +13,6 @@ weights are cold too. Prints ms per product; writes bench/results/products_vs_ml
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from vs_torch import interleaved  # noqa: E402, I001  (first: it sets the thread pools' idle policy)
+from vs_torch import interleaved, write_rows  # noqa: E402, I001  (first: it sets the thread pools' idle policy)
 
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
@@ -74,9 +73,7 @@ def main() -> None:
         rows.append(run(m, k, n, args.rounds))
         print("  ".join(f"{key} {value}" for key, value in rows[-1].items()), flush=True)
     out = ROOT / "bench" / "results" / "products_vs_mlas.json"
-    partial = out.with_suffix(".partial")
-    partial.write_text(json.dumps(rows, indent=1))
-    partial.replace(out)
+    write_rows(out, rows)
     print(f"wrote {out.relative_to(ROOT)}")
 
 

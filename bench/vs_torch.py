@@ -63,6 +63,13 @@ def interleaved(functions: dict, rounds: int) -> dict:
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
+def write_rows(out: Path, rows: list) -> None:
+    """``rows`` as JSON at ``out``, written whole to a temporary file first and renamed."""
+    partial = out.with_suffix(".partial")
+    partial.write_text(json.dumps(rows, indent=1))
+    partial.replace(out)
+
+
 def greedy_and_orchestrated(program, weights, **options) -> tuple[dict, dict]:
     """A whole program optimized once (derived and stitched), then orchestrated both ways from
     the same stitched kernels: Korch's BLP ("blp", what ``optimize_program`` does by default) and
@@ -159,7 +166,7 @@ def main() -> None:
             flush=True,
         )
     out = ROOT / "bench" / "results" / "vs_torch.json"
-    out.write_text(json.dumps(rows, indent=1))
+    write_rows(out, rows)
     print(f"wrote {out.relative_to(ROOT)}")
 
 

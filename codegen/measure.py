@@ -30,8 +30,6 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from rewriter._threads import IDLE_POLICY
-
 K = TypeVar("K")
 
 #: A run whose interquartile range exceeds this fraction of its median is noisy.
@@ -91,6 +89,11 @@ class Timing:
 # Device and signatures
 
 
+#: The thread pools' idle settings (``rewriter/_threads.py`` sets them): a pool left spinning
+#: slows the next library's calls, so timings hold only under the settings they were taken with.
+IDLE_VARIABLES = ("OPENBLAS_THREAD_TIMEOUT", "TVM_THREAD_POOL_SPIN_COUNT")
+
+
 @lru_cache(maxsize=1)
 def device_id() -> str:
     """Name the machine a CPU timing is valid for: CPU model, architecture, cores, numpy's BLAS,
@@ -104,7 +107,7 @@ def device_id() -> str:
     blas = _numpy_blas()
     if blas:
         parts.append(blas)
-    parts.append(" ".join(f"{name}={os.environ.get(name, '')}" for name in IDLE_POLICY))
+    parts.append(" ".join(f"{name}={os.environ.get(name, '')}" for name in IDLE_VARIABLES))
     return " | ".join(parts)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
 
 from rewriter.ir import Scope, tensor_shapes
 from rewriter.lower import Kernel
@@ -37,7 +38,7 @@ from rewriter.lower.orchestrate import (
 )
 
 from .measure import MeasurementDB
-from .program import CompiledProgram, Step, _fastest, _fused, _same_results, remeasure
+from .program import CompiledProgram, Step, _fastest, _fused, _same_results, race_in_place, remeasure
 from .tvm_kernel import CodegenError
 
 
@@ -261,3 +262,42 @@ def fuse_boundaries(
         shared[f.consumer] = SharedKernel(f.consumer, primitives[f.consumer], f.seconds_fused, apart)
     greedy = replace(program, steps=steps, constants=dict(program.constants), buffers={}).prepare()
     return greedy, Orchestration("greedy", list(shared.values()), {}, {"fusions": len(log)})
+
+
+def race_shared_in_place(
+    stitched: CompiledProgram,
+    orchestrated: CompiledProgram,
+    plan: Orchestration,
+    runners_up: Mapping[str, Sequence[CompiledProgram]] | None = None,
+) -> tuple[CompiledProgram, Orchestration]:
+    """The orchestrated program checked where it runs (``race_in_place``): each kernel that
+    computes several primitives against those primitives' own kernels (from ``stitched``), each
+    kernel that a subprogram's derivation chose against its runners-up (``runners_up``: output
+    -> compiled programs, where orchestration left that kernel as it was), then every kernel's
+    implementations. The plan loses the shared kernels taken apart; ``figures`` counts them
+    (``apart_in_place``) and the runners-up taken (``runners_up_in_place``)."""
+    constant = set(stitched.constants)
+    apart = {
+        k.output: [[s for s in stitched.steps if s.kernel.output in k.primitives and s.kernel.output not in constant]]
+        for k in plan.shared
+    }
+    made = {s.kernel.output: s.kernel.expr for s in stitched.steps}
+    kept = {s.kernel.output for s in orchestrated.steps if made.get(s.kernel.output) == s.kernel.expr}
+    runners_up = {n: programs for n, programs in (runners_up or {}).items() if n in kept and n not in apart}
+    others = {
+        name: [[s for s in p.steps if s.kernel.output not in p.constants] for p in programs]
+        for name, programs in runners_up.items()
+    }
+    extra = {n: v for programs in runners_up.values() for p in programs for n, v in p.constants.items()}
+    orchestrated = replace(orchestrated, constants=extra | orchestrated.constants, buffers={})
+    raced = race_in_place(race_in_place(orchestrated, apart | others))  # then the put-back kernels' implementations
+    before = {s.kernel.output: s.kernel.expr for s in orchestrated.steps}
+    after = {s.kernel.output: s.kernel.expr for s in raced.steps}
+    changed = {n for n in before if after.get(n, before[n]) != before[n]}  # another kernel computes it now
+    separated = changed & set(apart)
+    plan = replace(plan, shared=[k for k in plan.shared if k.output not in separated])
+    plan.figures["apart_in_place"] = len(separated)
+    plan.figures["runners_up_in_place"] = len(changed & set(others))
+    used = {n for s in raced.steps for n in tensor_shapes(s.kernel.expr)} | {s.kernel.output for s in raced.steps}
+    raced.constants = {n: v for n, v in raced.constants.items() if n in used}  # runners-up's, if not taken
+    return raced.prepare(), plan

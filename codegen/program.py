@@ -325,16 +325,15 @@ def remeasure(
 
 def race_in_place(
     program: CompiledProgram, alternatives: Mapping[str, Sequence[Sequence[Step]]] | None = None, rounds: int = 6
-) -> tuple[CompiledProgram, dict[str, int]]:
+) -> CompiledProgram:
     """``program`` with each kernel's implementation chosen by its time where the program runs
     it: every kernel with several implementations (a product: BLAS, packed, TVM), or with
     ``alternatives`` (by its output: other steps computing it, such as the kernels a fused
     kernel was made of), takes each in turn across ``rounds`` runs per alternative of the whole
     program (on zeros), each call timed where it stands, and the one with the least median is
     kept; each kept step's ``seconds`` becomes its median there. An alternative of several
-    steps also runs with each of its steps taking each of its implementations. Returns the
-    program and, for each output raced, the alternative kept (0: as it was, then
-    ``alternatives``' and their variants in order, then the other implementations).
+    steps also runs with each of its steps taking each of its implementations; one that reads a
+    tensor the program does not make by then is left out.
 
     Timed alone, a kernel runs with both cores awake and its inputs in cache; in a program it
     follows other kernels, and its times and their ranking differ (measured here: BERT-base's
@@ -354,7 +353,7 @@ def race_in_place(
         available.add(step.kernel.output)
     raced = [i for i, found in enumerate(slots) if len(found) > 1]
     if not raced:
-        return program, {}
+        return program
     prepared = dict(program.prepared)
     for step in (s for i in raced for found in slots[i] for s in found):
         if hasattr(step.call, "prepare"):
@@ -374,7 +373,7 @@ def race_in_place(
         trial = CompiledProgram(steps, program.inputs, program.dtype, constants=program.constants, buffers=buffers)
         trial.prepared = prepared
         trial.run(inputs)
-    chosen, picks = [], {}
+    chosen = []
     for i, found in enumerate(slots):
         if len(found) == 1:
             chosen += found[0]
@@ -382,8 +381,7 @@ def race_in_place(
         medians = [[_median(samples[i, k, j]) for j in range(len(alt))] for k, alt in enumerate(found)]
         best = min(range(len(found)), key=lambda k: sum(medians[k]))
         chosen += [replace(s, seconds=t) for s, t in zip(found[best], medians[best])]
-        picks[program.steps[i].kernel.output] = best
-    return replace(program, steps=chosen, constants=dict(program.constants), buffers={}).prepare(), picks
+    return replace(program, steps=chosen, constants=dict(program.constants), buffers={}).prepare()
 
 
 def _runs_on(steps: Sequence[Step], available: set[str]) -> bool:

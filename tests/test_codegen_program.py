@@ -425,10 +425,9 @@ def test_the_in_place_race_keeps_the_implementation_that_is_fastest_where_the_pr
     monkeypatch.setitem(program_module.LIBRARY_CALLS, "blas", slowed)
     inputs = random_inputs(expr, 3)
     start = CompiledProgram([_step(kernel, "blas", "float32")], {"A": (16, 64), "B": (64, 48)}).bind({"B": inputs["B"]})
-    raced, picks = race_in_place(start, rounds=3)
+    raced = race_in_place(start, rounds=3)
     (step,) = raced.steps
-    assert picks["out"] > 0  # not the step it started from
-    assert step.impl in ("tvm", "packed") and 0 < step.seconds < 0.002
+    assert step.impl in ("tvm", "packed") and step.seconds > 0  # not the BLAS step it started from
     _close(raced(A=inputs["A"]), evaluate(expr, inputs), 1e-5)
 
 
@@ -451,7 +450,7 @@ def test_the_in_place_race_takes_a_fused_kernel_apart_where_its_kernels_apart_ru
 
     program = CompiledProgram([replace(fused, call=late)], {"X": (16, 32)}).bind({"W": np.ones((32, 24))})
     elsewhere = [replace(step, kernel=step.kernel.renamed({"X": "gone"})) for step in apart.steps]
-    raced, picks = race_in_place(program, {"out": [elsewhere, apart.steps]}, rounds=3)
-    assert picks == {"out": 1} and [s.kernel.kind for s in raced.steps] == ["matmul", "eop"]  # "gone": no input
+    raced = race_in_place(program, {"out": [elsewhere, apart.steps]}, rounds=3)  # "gone" is no input: left out
+    assert [s.kernel.kind for s in raced.steps] == ["matmul", "eop"]
     x = np.random.default_rng(0).uniform(-1, 1, (16, 32))
     _close(raced(X=x), np.maximum(x @ np.ones((32, 24)), 0), 1e-5)
