@@ -530,6 +530,12 @@ def _gathers(stage: _Stage, name: str) -> bool:
     return any(_stride(name, indices, shape) not in (0, 1) for indices, shape in stage.reads)
 
 
+# Lanes along a summation loop pay for the reduction across lanes at the end: with fewer than
+# these (a 3x3 window's 3 columns), gathering traversal lanes are faster (measured: MobileNetV2's
+# stride-2 depthwise convolution, 0.45 ms with 3 summation lanes, 0.31 with gathering ones).
+_FEWEST_SUMMATION_LANES = 4
+
+
 def _lane_summation(stage: _Stage, params: Schedule, native: int) -> int | None:
     """The summation loop to vectorise (its position), when reads are contiguous along it and
     the innermost traversal loop would gather (``params.reduction_vector`` None), or always (True)."""
@@ -540,7 +546,7 @@ def _lane_summation(stage: _Stage, params: Schedule, native: int) -> int | None:
     candidates = [
         (it.size, k)
         for k, it in enumerate(stage.summation)
-        if _lanes(it.size, params.vector or native) > 1
+        if _lanes(it.size, params.vector or native) >= _FEWEST_SUMMATION_LANES
         and not _gathers(stage, it.name)
         and it.name not in stage.divided
         and any(_stride(it.name, ix, shape) == 1 for ix, shape in stage.reads)
@@ -599,8 +605,10 @@ def _schedule_stage(sch: tvm.s_tir.Schedule, stage: _Stage, params: Schedule, na
 
 _PARALLEL_ITERATIONS = 128  # enough chunks to balance threads; more only adds index arithmetic
 # Multiply-adds below which a stage runs on one thread: waking the pool's sleeping threads costs
-# tens of microseconds (measured: MobileNetV2's 104 kernels took 22 ms on 2 threads, 14 on 1).
-_PARALLEL_WORK = 1 << 21
+# tens of microseconds (measured: MobileNetV2's 104 kernels took 22 ms on 2 threads, 14 on 1,
+# with 1 << 21 here). Halved since: ResNet-50's max pool (1.8M comparisons) took 0.54 ms on one
+# thread, 0.29-0.37 on two.
+_PARALLEL_WORK = 1 << 20
 
 
 def _parallel(sch: tvm.s_tir.Schedule, loops: list, params: Schedule, stage: _Stage) -> None:
@@ -728,6 +736,9 @@ def _scheduled(lowering: _Lowering, params: Schedule | None, target) -> tvm.IRMo
         for stage in lowering.stages:
             if stage.tensor.op in used:
                 _epilogue_at_tile(sch, stage, readers)
+        for stage in lowering.stages:
+            if stage.tensor.op in used and not stage.traversal:
+                sch = _padding_at_reader(sch, stage)
     return sch.mod
 
 
@@ -737,12 +748,14 @@ def _epilogue_at_tile(sch: tvm.s_tir.Schedule, stage: _Stage, readers: Counter) 
     sums are done, and the sums live in a tile-sized local buffer: not a whole tensor written to
     memory and read back (measured: a 1x1 convolution with its bias and clip in one kernel, 0.13
     ms; the two kernels apart 0.14 + 0.05 ms; one kernel with a whole intermediate 0.6 ms)."""
-    if stage.summation or not stage.shape:
+    if stage.summation or not stage.traversal:  # (a padded copy is wider than what it reads)
         return
     block = sch.get_sblock(stage.tensor.op.name)
     summing = [t for t in stage.tensor.op.input_tensors if getattr(t.op, "reduce_axis", None)]
     if len(summing) != 1 or readers[summing[0].op] != 1:
         return
+    if tuple(int(d) for d in summing[0].shape) != tuple(stage.shape):
+        return  # the tiles of the sums would cover only part of the stage
     if not _reads_elementwise(sch.get(block), summing[0].op.name):
         return
     producer = summing[0].op.name
@@ -764,6 +777,44 @@ def _epilogue_at_tile(sch: tvm.s_tir.Schedule, stage: _Stage, readers: Counter) 
             sch.vectorize(inner)
         except tvm.s_tir.ScheduleError:
             pass  # scalar loops: still one tile at a time
+
+
+# Measured here: a 64-channel 56x56 depthwise 3x3 convolution, 0.42-0.54 ms with its padded copy
+# made apart (one thread), 0.09-0.10 ms with it made row by row inside the parallel loop (about
+# 3x the copying); MobileNetV2 end to end, 10.3 ms before, 9.7 after (with the parallel-work
+# bound below halved, 8.9).
+_PADDING_AT_READER = 4
+_PADDING_LANES = 256
+
+
+def _padding_at_reader(sch: tvm.s_tir.Schedule, stage: _Stage) -> tvm.s_tir.Schedule:
+    """A padded copy read by one stage is made inside that stage's parallel loop, slice by
+    slice as each iteration needs it: in parallel, and still in cache when read. Kept where the
+    slices together copy at most ``_PADDING_AT_READER`` times the padded tensor (a 3x3 window's
+    rows are copied for each of the three output rows that read them; a full convolution
+    parallel over its output channels would copy every channel for each)."""
+    trial = sch.copy()
+    block = trial.get_sblock(stage.tensor.op.name)
+    readers = trial.get_consumers(block)
+    if len(readers) != 1:
+        return sch
+    outer = trial.get_loops(readers[0])[0]
+    if trial.get(outer).kind != tvm.tirx.ForKind.PARALLEL:
+        return sch
+    try:
+        trial.compute_at(block, outer)
+    except tvm.s_tir.ScheduleError:
+        return sch
+    copied = math.prod(int(trial.get(loop).extent) for loop in trial.get_loops(block))
+    if copied > _PADDING_AT_READER * math.prod(stage.shape):
+        return sch
+    inner = trial.get_loops(block)[-1]
+    if 1 < int(trial.get(inner).extent) <= _PADDING_LANES:  # a row as one (legalised) vector
+        try:
+            trial.vectorize(inner)
+        except tvm.s_tir.ScheduleError:
+            pass
+    return trial
 
 
 def _reads_elementwise(block, buffer: str) -> bool:

@@ -177,6 +177,23 @@ def test_floor_division_and_modulo_of_negative_numerators(body):
         )
 
 
+def test_a_depthwise_convolution_pads_each_channel_inside_its_parallel_loop():
+    """A padded copy read by one stage is made inside that stage's parallel loop, a slice at a
+    time; a full convolution's copy, which every output channel reads whole, stays apart."""
+    depthwise = parse(
+        "L f:64, h:56, w:56 ; S r:3, s:3 ; X[f, h+r-1, s+w-1] * W[f, r, s]", {"X": (64, 56, 56), "W": (64, 3, 3)}
+    )
+    full = parse(
+        "L f:128, h:14, w:14 ; S c:8, r:3, s:3 ; X[c, h+r-1, s+w-1] * W[f, c, r, s]",
+        {"X": (8, 14, 14), "W": (128, 8, 3, 3)},
+    )
+    for expr, inside in [(depthwise, True), (full, False)]:
+        listing = compile_scope(expr, dtype="float32").listing()
+        padding, parallel = listing.index('T.sblock("pad_'), listing.index("T.parallel")
+        assert (parallel < padding) == inside
+        assert_matches(expr, random_inputs(expr, 5), dtype="float32")
+
+
 def test_max_reduction_sees_padding_zeros():
     expr = parse("L i:5 ; M k:3 ; A[i+k-1]", {"A": (5,)})
     out = compiled(expr, {"A": np.array([-5.0, -4.0, -3.0, -2.0, -1.0])})
@@ -336,6 +353,7 @@ EPILOGUES = [  # (scope, whether its element-wise stage runs inside the summing 
     ("L i:24, j:40 ; A[i, j] / { L a:24 ; S k:40 ; A2[a, k] }[i]", True),  # each row by its own sum
     (f"L i:23, j:40 ; {PRODUCT}[i+1, j] - {PRODUCT}[i, j]", False),  # neighbouring tiles' sums
     (f"L i:24, j:40 ; S k:2 ; {PRODUCT}[i, j] * C[k]", False),  # the reader sums itself
+    (f"L i:26, j:40 ; S k:1 ; {PRODUCT}[i, j]", False),  # sums padded to more rows than they have
 ]
 
 
