@@ -1,18 +1,23 @@
-"""Matrix products of the real models' shapes: each CPU implementation against onnxruntime's MLAS.
+"""Products of the real models' shapes: each CPU implementation against onnxruntime's MLAS.
 
-    python3 bench/products_vs_mlas.py [--shapes 32x3072x768,32x768x3072,32x768x768,197x3072x768]
+    python3 bench/products_vs_mlas.py [--shapes 32x3072x768,32x768x3072,...] [--convs 64x56,128x28,...]
 
 For each ``M x K @ K x N`` product with a weight on the right (a transformer's linear layer),
-every implementation the Matmul record lists for the CPU ("blas", "tvm", "packed") is timed as
-the optimizer times it (``codegen.program._timing_call``: the weight cold, in turn over copies
-that overflow the last-level cache) and onnxruntime (2 intra-op threads, spinning off) runs a
-graph of MatMul nodes with one weight each, as many as the optimizer's copies, so that its
-weights are cold too. Prints ms per product; writes bench/results/products_vs_mlas.json.
+every implementation the Matmul record lists for the CPU ("blas", "tvm", "packed"), and for
+each ``C x H`` 3x3 convolution (C -> C channels, H x H, padding 1, NCHW: ResNet-50's), every
+implementation the Conv2d record lists ("im2col", "tvm", "panels"), is timed as the optimizer
+times it (``codegen.program._timing_call``: the weight cold, in turn over copies that overflow
+the last-level cache) and onnxruntime (2 intra-op threads, spinning off) runs a graph of MatMul
+(Conv) nodes with one weight each, as many as the optimizer's copies, so that its weights are
+cold too. Prints ms per product; writes bench/results/products_vs_mlas.json (rows of other
+shapes kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 from pathlib import Path
 
@@ -31,12 +36,12 @@ from rewriter import parse  # noqa: E402
 from rewriter.lower import instantiate, postprocess  # noqa: E402
 
 
-def onnxruntime_products(m: int, k: int, n: int, copies: int, rng) -> tuple:
-    """A session of ``copies`` MatMul nodes, each with a weight of its own, and its feed."""
-    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"]) for i in range(copies)]
-    weights = [numpy_helper.from_array(rng.uniform(-1, 1, (k, n)).astype(np.float32), f"w{i}") for i in range(copies)]
-    outputs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [m, n]) for i in range(copies)]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])
+def onnxruntime_products(op: str, x_shape, w_shape, y_shape, copies: int, rng, **attributes) -> tuple:
+    """A session of ``copies`` ``op`` nodes (MatMul, Conv), each with a weight of its own, and its feed."""
+    nodes = [helper.make_node(op, ["x", f"w{i}"], [f"y{i}"], **attributes) for i in range(copies)]
+    weights = [numpy_helper.from_array(rng.uniform(-1, 1, w_shape).astype(np.float32), f"w{i}") for i in range(copies)]
+    outputs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, list(y_shape)) for i in range(copies)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))
     model = helper.make_model(
         helper.make_graph(nodes, "products", [x], outputs, weights), opset_imports=[helper.make_opsetid("", 17)]
     )
@@ -44,36 +49,56 @@ def onnxruntime_products(m: int, k: int, n: int, copies: int, rng) -> tuple:
     options.intra_op_num_threads = 2
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session, {"x": rng.uniform(-1, 1, (m, k)).astype(np.float32)}
+    return session, {"x": rng.uniform(-1, 1, x_shape).astype(np.float32)}
 
 
-def run(m: int, k: int, n: int, rounds: int) -> dict:
-    rng = np.random.default_rng(0)
+def product(m: int, k: int, n: int, rounds: int) -> dict:
     expr = parse(f"L i:{m}, j:{n} ; S k:{k} ; A[i, k] * W[k, j]", {"A": (m, k), "W": (k, n)})
+    return run(f"{m}x{k}x{n}", expr, ("MatMul", (m, k), (k, n), (m, n)), {}, rounds)
+
+
+def convolution(c: int, h: int, rounds: int) -> dict:
+    shapes = {"X": (1, c, h, h), "W": (c, c, 3, 3)}
+    expr = parse(f"L n:1, f:{c}, h:{h}, w:{h} ; S c:{c}, r:3, s:3 ; X[n, c, h+r-1, w+s-1] * W[f, c, r, s]", shapes)
+    return run(
+        f"conv3x3 {c}x{h}x{h}", expr, ("Conv", shapes["X"], shapes["W"], (1, c, h, h)), {"pads": [1] * 4}, rounds
+    )
+
+
+def run(label: str, expr, onnx_node: tuple, attributes: dict, rounds: int) -> dict:
+    """Every implementation of ``expr``'s one kernel (its weight W) against onnxruntime's node."""
+    rng = np.random.default_rng(0)
     (kernel,) = postprocess(instantiate(expr), weights=("W",)).kernels
     calls = {impl: _timing_call(_step(kernel, impl, "float32"), "float32", rng) for impl in implementations(kernel)}
-    copies = _cold_copies(k * n * 4)
-    session, feed = onnxruntime_products(m, k, n, copies, rng)
+    copies = _cold_copies(math.prod(onnx_node[2]) * 4)
+    session, feed = onnxruntime_products(*onnx_node, copies, rng, **attributes)
     functions = {
         **{impl: (lambda call=call: [call() for _ in range(copies)]) for impl, call in calls.items()},
         "onnxruntime": lambda: session.run(None, feed),
     }
     medians = interleaved(functions, rounds)
-    return {"shape": f"{m}x{k}x{n}", **{f"{name}_ms": round(s / copies * 1e3, 3) for name, s in medians.items()}}
+    return {"shape": label, **{f"{name}_ms": round(s / copies * 1e3, 3) for name, s in medians.items()}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="32x3072x768,32x768x3072,32x768x768,197x3072x768,197x768x3072")
+    parser.add_argument("--convs", default="64x56,128x28,256x14,512x7")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     rows = []
-    for shape in args.shapes.split(","):
+    for shape in filter(None, args.shapes.split(",")):
         m, k, n = (int(d) for d in shape.split("x"))
-        rows.append(run(m, k, n, args.rounds))
+        rows.append(product(m, k, n, args.rounds))
+        print("  ".join(f"{key} {value}" for key, value in rows[-1].items()), flush=True)
+    for shape in filter(None, args.convs.split(",")):
+        c, h = (int(d) for d in shape.split("x"))
+        rows.append(convolution(c, h, args.rounds))
         print("  ".join(f"{key} {value}" for key, value in rows[-1].items()), flush=True)
     out = ROOT / "bench" / "results" / "products_vs_mlas.json"
-    write_rows(out, rows)
+    done = {row["shape"] for row in rows}
+    earlier = json.loads(out.read_text()) if out.exists() else []
+    write_rows(out, [row for row in earlier if row["shape"] not in done] + rows)
     print(f"wrote {out.relative_to(ROOT)}")
 
 

@@ -3,8 +3,9 @@
 ``backend`` is what the pipeline sees (compile, measure, device key); ``program`` compiles a
 candidate's kernels into one callable over reused buffers, racing the implementations each
 operator record lists; ``tvm_kernel`` compiles a scope with TVM; ``packed`` runs a matmul
-over a weight laid out in panels once (a TVM kernel); ``im2col`` runs a matched
-convolution as batched BLAS calls, ``band`` a band matmul as blocked batched BLAS calls, both
+over a weight laid out in panels once (a TVM kernel), ``panels`` a convolution directly over
+its weight laid out in panels of output channels; ``im2col`` runs a matched convolution as
+batched BLAS calls, ``band`` a band matmul as blocked batched BLAS calls, both
 copying operands through ``strided`` views; ``measure`` times and remembers.
 """
 

@@ -8,7 +8,9 @@ a ``CompiledProgram``:
   "blas" (Matmul / BatchMatmul: numpy's BLAS on strided views of the operands, in place, by
   the strides the iterator mapping table found), "packed" (Matmul / BatchMatmul whose right
   operand is a weight: TVM over the weight laid out in panels once, ``codegen.packed``),
-  "im2col" (a convolution as im2col + batched BLAS, ``codegen.im2col``), "band" (a band matmul
+  "im2col" (a convolution as im2col + batched BLAS, ``codegen.im2col``), "panels" (a
+  convolution whose weight is a weight: TVM directly over the weight laid out in panels of
+  output channels once, ``codegen.panels``), "band" (a band matmul
   as blocked batched BLAS, ``codegen.band``), "tvm" (its scope compiled by TVM,
   ``codegen.tvm_kernel``);
 * an eOperator is its scope compiled by TVM; ``tune`` races a few TVM schedules per kernel;
@@ -41,6 +43,7 @@ from .band import band_call
 from .im2col import im2col_call
 from .measure import MeasurementDB, last_level_cache, signature, time_callable, time_in_turns
 from .packed import packed_call
+from .panels import panels_call
 from .tvm_kernel import (
     CODEGEN_VERSION,
     CodegenError,
@@ -83,6 +86,7 @@ LIBRARY_CALLS = {
     "blas": _blas_call,
     "packed": packed_call,
     "im2col": im2col_call,
+    "panels": panels_call,
     "band": band_call,
     "opaque": _opaque_call,
 }
@@ -104,7 +108,7 @@ class Step:
         change to the lowering must not reuse the old code's timings)."""
         shapes = sorted(tensor_shapes(self.kernel.expr).items())
         schedule = self.compiled.schedule if self.compiled else None
-        version = CODEGEN_VERSION if self.impl in ("tvm", "packed") else None
+        version = CODEGEN_VERSION if self.impl in ("tvm", "packed", "panels") else None
         cold = "weights cold" if self.kernel.weights else None  # how ``_timing_call`` times it
         return signature(
             "kernel", self.impl, self.kernel.kind, self.kernel.expr, shapes, dtype, schedule, version, cold

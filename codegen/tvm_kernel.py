@@ -805,11 +805,13 @@ def _padding_at_reader(sch: tvm.s_tir.Schedule, stage: _Stage) -> tvm.s_tir.Sche
         trial.compute_at(block, outer)
     except tvm.s_tir.ScheduleError:
         return sch
-    copied = math.prod(int(trial.get(loop).extent) for loop in trial.get_loops(block))
-    if copied > _PADDING_AT_READER * math.prod(stage.shape):
+    extents = [trial.get(loop).extent for loop in trial.get_loops(block)]
+    if not all(isinstance(e, tvm.tirx.IntImm) for e in extents):
+        return sch  # a slice whose size varies from iteration to iteration (a quasi-affine read)
+    if math.prod(int(e) for e in extents) > _PADDING_AT_READER * math.prod(stage.shape):
         return sch
     inner = trial.get_loops(block)[-1]
-    if 1 < int(trial.get(inner).extent) <= _PADDING_LANES:  # a row as one (legalised) vector
+    if 1 < int(extents[-1]) <= _PADDING_LANES:  # a row as one (legalised) vector
         try:
             trial.vectorize(inner)
         except tvm.s_tir.ScheduleError:

@@ -194,6 +194,16 @@ def test_a_depthwise_convolution_pads_each_channel_inside_its_parallel_loop():
         assert_matches(expr, random_inputs(expr, 5), dtype="float32")
 
 
+def test_a_padded_copy_read_through_a_division_compiles():
+    """Segformer's depthwise convolution over merged channel-rows: inside the parallel loop the
+    padded slice would vary in size, so the copy stays apart."""
+    expr = parse(
+        "L r:3, n:1, z:8960, w:14 ; S c:1, s:3 ; X[n, c+z/14, r+z%14-1, s+w-1] * W[z/14, c, r, s]",
+        {"X": (1, 640, 14, 14), "W": (640, 1, 3, 3)},
+    )
+    assert_matches(expr, random_inputs(expr, 6), dtype="float32")
+
+
 def test_max_reduction_sees_padding_zeros():
     expr = parse("L i:5 ; M k:3 ; A[i+k-1]", {"A": (5,)})
     out = compiled(expr, {"A": np.array([-5.0, -4.0, -3.0, -2.0, -1.0])})

@@ -8,29 +8,7 @@ from codegen.im2col import im2col_call
 from codegen.program import compile_candidate
 from rewriter import evaluate, parse
 from rewriter.lower import CONV2D, Candidate, Kernel, instantiate
-
-
-@st.composite
-def convolutions(draw):
-    """A Conv2d kernel with random sizes, stride, dilation, padding, iterator orders, weight
-    layout and, sometimes, an output range that does not start at 0."""
-    n, c, f = draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.integers(1, 5))
-    r, s = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    stride, dilation, pad = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(0, 2))
-    height, width = draw(st.integers(r * dilation, 9)), draw(st.integers(s * dilation, 9))
-    out_h = (height + 2 * pad - dilation * (r - 1) - 1) // stride + 1
-    out_w = (width + 2 * pad - dilation * (s - 1) - 1) // stride + 1
-    start = draw(st.integers(0, 1)) if out_h > 1 else 0
-    ranges = {"n": f"n:{n}", "f": f"f:{f}", "h": f"h:{start}..{out_h}" if start else f"h:{out_h}", "w": f"w:{out_w}"}
-    traversal = draw(st.permutations(["n", "f", "h", "w"]))
-    summed = draw(st.permutations(["c", "r", "s"]))
-    weight_dims = draw(st.permutations(["f", "c", "r", "s"]))
-    sizes = {"f": f, "c": c, "r": r, "s": s}
-    text = (
-        f"L {', '.join(ranges[i] for i in traversal)} ; S {', '.join(f'{i}:{sizes[i]}' for i in summed)} ; "
-        f"X[n, c, {stride}*h+{dilation}*r-{pad}, {stride}*w+{dilation}*s-{pad}] * W[{', '.join(weight_dims)}]"
-    )
-    return parse(text, {"X": (n, c, height, width), "W": tuple(sizes[d] for d in weight_dims)})
+from rewriter.testing.strategies import convolutions
 
 
 @settings(max_examples=60, deadline=None)

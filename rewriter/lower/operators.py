@@ -321,7 +321,9 @@ CONV2D = Operator(
         (Window("input", "nhw", "crs"), Window("input", "nhw", "crs")),  # stride*h + dilation*r + offset, and w, s
     ),
     conv_constraints,
-    {"cpu": ("im2col", "tvm")},
+    # im2col + BLAS; the scope compiled by TVM; TVM over the weight laid out in panels of output
+    # channels once (codegen.panels); raced by measurement
+    {"cpu": ("im2col", "tvm", "panels")},
 )
 
 G2BMM = Operator(

@@ -61,6 +61,12 @@ Public API (every strategy takes keyword parameters; defaults give small, fast e
     rule that takes a target operator counts when it applies toward any matchable operator
     (``rewriter.testing.applications``).
 
+``convolutions(*, max_filters=5, offset_outputs=True)``
+    A 2-D convolution scope ``X[n, c, stride*h + dilation*r - pad, ..] * W[..]`` (NCHW input)
+    with random batch, channels (1..4 in, 1..``max_filters`` out), kernel size, stride,
+    dilation, padding, traversal and summation orders and weight layout; with
+    ``offset_outputs``, sometimes an output range that does not start at 0.
+
 ``random_inputs(expr, seed=0, *, low=-1.0, high=1.0, integer_valued=False)``
     A dict name -> float64 array for every input tensor of a Scope or Program (numpy default_rng);
     the same function as ``rewriter.testing.random_inputs``.
@@ -110,6 +116,7 @@ from rewriter.ir import (
     eval_index,
     index_vars,
     nested_scopes,
+    parse,
     replace_reads,
     tensor_shapes,
 )
@@ -750,6 +757,28 @@ def applicable(draw, rule: Rule | str, *, max_steps: int = 2, rules=None, tries:
             if applications(rule, expr):
                 return expr
     assume(False)  # every attempt missed: hypothesis draws again
+
+
+@st.composite
+def convolutions(draw, *, max_filters: int = 5, offset_outputs: bool = True):
+    """A Conv2d scope: see the module docstring."""
+    n, c, f = draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.integers(1, max_filters))
+    r, s = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    stride, dilation, pad = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(0, 2))
+    height, width = draw(st.integers(r * dilation, 9)), draw(st.integers(s * dilation, 9))
+    out_h = (height + 2 * pad - dilation * (r - 1) - 1) // stride + 1
+    out_w = (width + 2 * pad - dilation * (s - 1) - 1) // stride + 1
+    start = draw(st.integers(0, 1)) if offset_outputs and out_h > 1 else 0
+    ranges = {"n": f"n:{n}", "f": f"f:{f}", "h": f"h:{start}..{out_h}" if start else f"h:{out_h}", "w": f"w:{out_w}"}
+    traversal = draw(st.permutations(["n", "f", "h", "w"]))
+    summed = draw(st.permutations(["c", "r", "s"]))
+    weight_dims = draw(st.permutations(["f", "c", "r", "s"]))
+    sizes = {"f": f, "c": c, "r": r, "s": s}
+    text = (
+        f"L {', '.join(ranges[i] for i in traversal)} ; S {', '.join(f'{i}:{sizes[i]}' for i in summed)} ; "
+        f"X[n, c, {stride}*h+{dilation}*r-{pad}, {stride}*w+{dilation}*s-{pad}] * W[{', '.join(weight_dims)}]"
+    )
+    return parse(text, {"X": (n, c, height, width), "W": tuple(sizes[d] for d in weight_dims)})
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,158 @@
+"""A convolution whose weight is a model weight: the weight laid out once in panels of output
+channels, and the convolution computed directly over them (no column matrix).
+
+For a matched convolution without groups (a ``ConvMatch``), ``out[.., f, ..] = S c, r, s ;
+X[..] * W[f, c, r, s]`` with W a weight (``Kernel.weights``), W is copied once, when the
+program's weights are bound, into panels of ``PANEL`` output channels,
+``P[j, c, r, s, l] = W[PANEL*j + l, c, r, s]`` (zero past the last channel), and the convolution
+is the scope
+
+    O[j, <the output's other iterators>, l] = S c, r, s ; X[..] * P[j, c, r, s, l]
+
+compiled by TVM like any other (``compile_scope``: lanes along l, so each step of the sum
+reads one vector of the weight, contiguous, and broadcasts one input element; a register tile
+of rows that share the input element), followed by a small TVM kernel that transposes O into
+the output's layout. This is the direct convolution of onnxruntime's MLAS (NCHWc), with the
+blocking on the weight only: the input and the output keep the model's layout. Measured here
+(``bench/products_vs_mlas.py``: AMD EPYC, 2 cores, float32, weights cold, ms), ResNet-50's 3x3
+convolutions, C -> C channels at H x H, padding 1, batch 1, NCHW:
+
+    ============= ====== ===== ====== ===========
+    C, H          im2col TVM   panels onnxruntime
+    ============= ====== ===== ====== ===========
+    64, 56         1.70   1.24  2.50   1.06
+    128, 28        1.47   2.91  1.16   1.06
+    256, 14        1.75   1.89  1.09   1.08
+    512, 7         2.11   1.99  1.24   1.26
+    ============= ====== ===== ====== ===========
+
+With 64 output channels the register tile runs along the 4 panels, too few rows. The
+implementations are raced.
+
+``panels_call(kernel, dtype)`` returns the call, or None where the convolution has groups, its
+weight is no weight, or an iterator does not start at 0. The call's ``prepare(values)`` gives
+the panels to keep with the program's constants (``bind``); without them it lays out W itself
+on every call (slower).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rewriter.index import affine_coefficients
+from rewriter.ir import Access, Binary, Scope, Tensor, index_vars, parse
+from rewriter.lower import ConvMatch, Kernel
+
+from .tvm_kernel import aligned_copy, aligned_empty, compile_scope, is_aligned
+
+PANEL = 16  # output channels per panel: one AVX-512 vector of float32
+
+
+def panels_name(tensor: str) -> str:
+    """The constant holding ``tensor``'s panels."""
+    return f"{tensor}.conv_panels"
+
+
+def panels_call(kernel: Kernel, dtype: str):
+    """``(values, out) -> None`` for the convolution ``kernel`` over its weight's panels, or None."""
+    match, scope = kernel.match, kernel.expr
+    if not isinstance(match, ConvMatch) or match.weight not in kernel.weights or match.input in kernel.weights:
+        return None
+    if not isinstance(scope, Scope) or any(it.lo != 0 for it in scope.iterators):
+        return None
+    body = scope.body
+    if not (isinstance(body, Binary) and body.op == "*"):
+        return None
+    sides = (body.lhs, body.rhs)
+    if not all(isinstance(side, Access) and isinstance(side.source, Tensor) for side in sides):
+        return None
+    reads = {side.source.name: side for side in sides}
+    x, w = reads[match.input], reads[match.weight]
+    weight_axes = [_single_iterator(ix) for ix in w.indices]  # the weight: one iterator per dimension
+    read_by_x = set().union(*(index_vars(ix) for ix in x.indices))
+    channels = [it.name for it in scope.traversal if it.name in weight_axes]
+    summed = [it.name for it in scope.summation]
+    if None in weight_axes or len(channels) != 1 or channels[0] in read_by_x:
+        return None  # groups (a traversal iterator both read), or a weight read other than W[f, c, r, s]
+    if sorted(weight_axes) != sorted(channels + summed):
+        return None
+    return _Panels(scope, x, w, channels[0], weight_axes, np.dtype(dtype))
+
+
+def _single_iterator(ix) -> str | None:
+    """The iterator an index is, where it is one iterator with coefficient 1 and offset 0."""
+    form = affine_coefficients(ix)
+    if form is None or form[1] != 0 or len(form[0]) != 1:
+        return None
+    (name, coefficient), *_ = form[0].items()
+    return name if coefficient == 1 else None
+
+
+class _Panels:
+    """The call; its buffer (the product in panels) is allocated once."""
+
+    def __init__(self, scope: Scope, x: Access, w: Access, channel: str, weight_axes: list[str], dtype: np.dtype):
+        self.input, self.weight, self.dtype = x.source.name, w.source.name, dtype
+        sizes = {it.name: it.size for it in scope.iterators}
+        self.channels = sizes[channel]
+        self.panels = math.ceil(self.channels / PANEL)
+        summed = [it.name for it in scope.summation]
+        # W's axes in the panels' order: the channel, then the summed iterators in scope order
+        self.order = [weight_axes.index(channel)] + [weight_axes.index(n) for n in summed]
+        self.summed_shape = tuple(sizes[n] for n in summed)
+        others = [it for it in scope.traversal if it.name != channel]
+        panel, lane = _fresh("j", scope), _fresh("l", scope)
+        product = parse(
+            f"L {', '.join([f'{panel}:{self.panels}', *map(str, others), f'{lane}:{PANEL}'])} ; "
+            f"S {', '.join(map(str, scope.summation))} ; "
+            f"X[{', '.join(map(str, x.indices))}] * P[{', '.join([panel, *summed, lane])}]",
+            {"X": x.source.shape, "P": (self.panels, *self.summed_shape, PANEL)},
+        )
+        self.product = compile_scope(product, dtype=str(dtype))
+        self.buffer = aligned_empty(product.shape, dtype)
+        back = parse(
+            f"L {', '.join(map(str, scope.traversal))} ; O[{', '.join(_product_indices(scope, channel))}]",
+            {"O": product.shape},
+        )
+        self.transpose = compile_scope(back, dtype=str(dtype))
+
+    @property
+    def name(self) -> str:
+        return panels_name(self.weight)
+
+    def prepare(self, values: dict) -> dict[str, np.ndarray]:
+        """W's panels (none where ``values`` lacks W), to keep with the program's constants."""
+        if self.weight not in values:
+            return {}
+        weight = np.asarray(values[self.weight]).transpose(self.order)
+        wide = np.zeros((self.panels * PANEL, *self.summed_shape), self.dtype)  # zero past the last channel
+        wide[: self.channels] = weight
+        panels = wide.reshape(self.panels, PANEL, *self.summed_shape)
+        return {self.name: aligned_copy(np.moveaxis(panels, 1, -1), self.dtype)}
+
+    def __call__(self, values: dict, out: np.ndarray) -> None:
+        panels = values.get(self.name)
+        if panels is None:  # not bound: W changes from call to call
+            panels = self.prepare(values)[self.name]
+        x = values[self.input]
+        if not is_aligned(x):
+            x = aligned_copy(x, self.dtype)
+        self.product.run({"X": x, "P": panels}, self.buffer)
+        if is_aligned(out):
+            self.transpose.run({"O": self.buffer}, out)
+        else:
+            out[...] = self.transpose(O=self.buffer)
+
+
+def _product_indices(scope: Scope, channel: str) -> list[str]:
+    """Where the output's element at the scope's iterators lies in the product in panels."""
+    others = [it.name for it in scope.traversal if it.name != channel]
+    return [f"{channel}/{PANEL}", *others, f"{channel}%{PANEL}"]
+
+
+def _fresh(stem: str, scope: Scope) -> str:
+    """An iterator name the scope does not use."""
+    taken = {it.name for it in scope.iterators}
+    return next(f"{stem}{k}" for k in range(len(taken) + 1) if f"{stem}{k}" not in taken)

@@ -1,0 +1,56 @@
+"""Convolutions directly over the weight laid out in panels (codegen/panels.py): equal to the
+reference semantics, in any iterator order and weight layout; refused where they do not apply."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from codegen.panels import PANEL, panels_call
+from codegen.tvm_kernel import aligned_copy, aligned_empty
+from rewriter import evaluate, parse
+from rewriter.lower import CONV2D, Kernel
+from rewriter.testing.strategies import convolutions
+
+pytestmark = pytest.mark.usefixtures("module_cache")  # kernels in a fresh cache
+
+
+def _conv_kernel(expr, weights=frozenset({"W"})) -> Kernel:
+    return Kernel("conv2d", "out", expr, CONV2D.match(expr), weights=weights)
+
+
+def _check(call, expr, seed, prepared: bool):
+    rng = np.random.default_rng(seed)
+    values = {name: aligned_copy(rng.uniform(-1, 1, shape), "float32") for name, shape in expr_shapes(expr).items()}
+    if prepared:
+        values.update(call.prepare(values))
+    out = aligned_empty(expr.shape, "float32")
+    out[...] = np.nan
+    call(values, out)
+    np.testing.assert_allclose(out, evaluate(expr, values), rtol=1e-4, atol=1e-4)
+
+
+def expr_shapes(expr) -> dict:
+    return {side.source.name: side.source.shape for side in (expr.body.lhs, expr.body.rhs)}
+
+
+@settings(max_examples=20, deadline=None)
+@given(convolutions(max_filters=2 * PANEL + 3, offset_outputs=False), st.integers(0, 2**32 - 1), st.booleans())
+def test_panels_compute_the_convolution(expr, seed, prepared):
+    kernel = _conv_kernel(expr)
+    assert kernel.match is not None, str(expr)
+    call = panels_call(kernel, "float32")
+    assert call is not None, str(expr)
+    _check(call, expr, seed, prepared)  # with the panels bound, and laid out on the call
+
+
+def test_panels_apply_to_a_weight_without_groups_only():
+    shapes = {"X": (1, 4, 6, 6), "W": (8, 4, 3, 3)}
+    conv = parse("L n:1, f:8, h:6, w:6 ; S c:4, r:3, s:3 ; X[n, c, h+r-1, w+s-1] * W[f, c, r, s]", shapes)
+    assert panels_call(_conv_kernel(conv), "float32") is not None
+    assert panels_call(_conv_kernel(conv, weights=frozenset()), "float32") is None  # W is computed
+    depthwise = parse(
+        "L n:1, f:4, h:6, w:6 ; S c:1, r:3, s:3 ; X[n, c+f, h+r-1, w+s-1] * W[f, c, r, s]",
+        {"X": (1, 4, 6, 6), "W": (4, 1, 3, 3)},
+    )
+    assert panels_call(_conv_kernel(depthwise), "float32") is None  # f reads the input: a group
