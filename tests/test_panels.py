@@ -10,6 +10,7 @@ from codegen.panels import PANEL, panels_call
 from codegen.tvm_kernel import aligned_copy, aligned_empty
 from rewriter import evaluate, parse
 from rewriter.lower import CONV2D, Kernel
+from rewriter.testing import random_inputs
 from rewriter.testing.strategies import convolutions
 
 pytestmark = pytest.mark.usefixtures("module_cache")  # kernels in a fresh cache
@@ -20,18 +21,13 @@ def _conv_kernel(expr, weights=frozenset({"W"})) -> Kernel:
 
 
 def _check(call, expr, seed, prepared: bool):
-    rng = np.random.default_rng(seed)
-    values = {name: aligned_copy(rng.uniform(-1, 1, shape), "float32") for name, shape in expr_shapes(expr).items()}
+    values = {name: aligned_copy(value, "float32") for name, value in random_inputs(expr, seed).items()}
     if prepared:
         values.update(call.prepare(values))
     out = aligned_empty(expr.shape, "float32")
     out[...] = np.nan
     call(values, out)
     np.testing.assert_allclose(out, evaluate(expr, values), rtol=1e-4, atol=1e-4)
-
-
-def expr_shapes(expr) -> dict:
-    return {side.source.name: side.source.shape for side in (expr.body.lhs, expr.body.rhs)}
 
 
 @settings(max_examples=20, deadline=None)
