@@ -12,7 +12,8 @@ a full-size convolution's weights in every bundle would outgrow what can be carr
 machine): a kernel that transforms weights is timed per call, which OLLIE does not count. ``run`` verifies every bundle on the GPU against its check data and times it as one CUDA
 graph; then, per case, the fastest verified bundle, the as-written one, PyTorch eager and
 ``torch.compile`` on the same computation in PyTorch's layouts are timed interleaved, round by
-round, in float32 with TF32 off for PyTorch as for cuBLAS here. Writes
+round, in float32 with TF32 off for PyTorch as for cuBLAS here, and cuDNN's autotuner on
+(``cudnn.benchmark``). Writes
 bench/results/gpu_vs_torch.json with the device name, beside OLLIE's A100 figures.
 """
 
@@ -89,6 +90,7 @@ def run(args) -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True  # cuDNN picks its fastest algorithm, as a tuned setup would
     rows = []
     for manifest_path in sorted(Path(args.dir).glob("*/case.json")):
         manifest = json.loads(manifest_path.read_text())
