@@ -123,21 +123,69 @@ class Step:
         return replace(_step(kernel, self.impl, dtype), seconds=self.seconds)
 
 
+@dataclass(frozen=True)
+class BufferPlan:
+    """Where each intermediate lives: ``slot[tensor]`` indexes ``sizes`` (elements); tensors
+    sharing a slot are never live at once. ``released[i]``: the tensors whose memory step ``i``
+    hands on (read for the last time there, or never read)."""
+
+    slot: dict[str, int]
+    shapes: dict[str, tuple[int, ...]]
+    sizes: list[int]
+    released: dict[int, tuple[str, ...]]
+
+
+def plan_buffers(steps: Sequence[Step], unplanned: set[str]) -> BufferPlan:
+    """A liveness plan for the intermediates of ``steps`` not in ``unplanned`` (outputs made
+    afresh, constants): in step order, each output takes the smallest free slot that holds it
+    (a new one if none does), and a tensor's slot is freed after its last reader has run, never
+    before its own step's output is placed (a kernel never writes over what it reads).
+
+    As onnxruntime's arena does: a model whose every intermediate had memory of its own wrote
+    each into memory last touched a whole run earlier, far out of cache (MobileNetV2: 10.2 ms of
+    kernels in the model against 7.1 ms for the same calls repeated on their buffers)."""
+    last_read: dict[str, int] = {}
+    for index, step in enumerate(steps):
+        for name in tensor_shapes(step.kernel.expr):
+            last_read[name] = index
+    slot, shapes, sizes, free, released = {}, {}, [], [], {}
+    for index, step in enumerate(steps):
+        name = step.kernel.output
+        if name not in unplanned:
+            shapes[name] = tuple(step.kernel.expr.shape)
+            size = int(np.prod(shapes[name]))
+            fits = [s for s in free if sizes[s] >= size]
+            if fits:
+                slot[name] = min(fits, key=lambda s: sizes[s])
+                free.remove(slot[name])
+            else:
+                slot[name] = len(sizes)
+                sizes.append(size)
+        ends = [t for t in tensor_shapes(step.kernel.expr) if last_read[t] == index and t in slot]
+        if name in slot and last_read.get(name, -1) <= index:
+            ends.append(name)
+        released[index] = tuple(ends)
+        free += [slot[t] for t in ends]
+    return BufferPlan(slot, shapes, sizes, released)
+
+
 @dataclass
 class CompiledProgram:
     """A candidate program compiled for this CPU: ``program(**inputs) -> np.ndarray``.
 
-    Intermediate buffers are allocated on the first call and reused (the result is a new array
-    each call), so one program must not be called from two threads at once."""
+    Intermediates live in buffers planned by liveness (``plan_buffers``: a tensor no later step
+    reads gives its memory to the next one), allocated on the first call and reused (the result
+    is a new array each call), so one program must not be called from two threads at once."""
 
     steps: list[Step]
     inputs: dict[str, tuple[int, ...]]
     dtype: str = "float32"
     source: object = field(default=None, repr=False)  # the search state the candidate came from
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # bound weight-only outputs
-    buffers: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)  # intermediates, reused
+    buffers: dict[int, np.ndarray] = field(default_factory=dict, repr=False, compare=False)  # planned slots, reused
     # bound weights as the implementations that read them lay them out (a packed matmul's panels)
     prepared: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    _plans: dict[tuple, BufferPlan] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def kernels(self) -> list[Kernel]:
@@ -161,8 +209,9 @@ class CompiledProgram:
         return self.run(inputs)[self.output]
 
     def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] = ()) -> dict[str, np.ndarray]:
-        """Every tensor's value after one run on ``inputs``. The last kernel's output and
-        ``outputs`` are new arrays; other intermediates live in reused buffers."""
+        """The inputs, constants and outputs after one run on ``inputs``: the last kernel's output
+        and ``outputs`` as new arrays. Other intermediates live in planned buffers and are left
+        out once a later one takes their memory."""
         missing = sorted(set(self.inputs) - set(inputs) - set(self.constants))
         if missing:
             raise ExpressionError(f"missing input tensor(s): {', '.join(missing)}")
@@ -174,23 +223,32 @@ class CompiledProgram:
                         f"input {name} has shape {np.shape(inputs[name])}, the program expects {tuple(shape)}"
                     )
                 values[name] = _aligned(inputs[name], self.dtype)
-        fresh = {self.output, *outputs}
-        for step in self.steps:
+        fresh = (self.output, *outputs)
+        plan = self._plan(fresh)
+        for index, step in enumerate(self.steps):
             if step.kernel.output in self.constants:
                 continue
-            out = (
-                aligned_empty(step.kernel.expr.shape, self.dtype) if step.kernel.output in fresh else self._buffer(step)
-            )
+            name = step.kernel.output
+            out = aligned_empty(step.kernel.expr.shape, self.dtype) if name in fresh else self._buffer(plan, name)
             step.call(values, out)
-            values[step.kernel.output] = out
+            values[name] = out
+            for dead in plan.released.get(index, ()):
+                del values[dead]
         return values
 
-    def _buffer(self, step: Step) -> np.ndarray:
-        """The preallocated buffer of an intermediate (kept between calls: allocating it afresh
-        costs page faults on every call; the result is always a new array)."""
-        if step.kernel.output not in self.buffers:
-            self.buffers[step.kernel.output] = aligned_empty(step.kernel.expr.shape, self.dtype)
-        return self.buffers[step.kernel.output]
+    def _plan(self, fresh: tuple[str, ...]) -> BufferPlan:
+        if self._plans.get(fresh) is None:
+            self._plans[fresh] = plan_buffers(self.steps, set(fresh) | set(self.constants))
+        return self._plans[fresh]
+
+    def _buffer(self, plan: BufferPlan, name: str) -> np.ndarray:
+        """``name``'s planned memory (kept between calls: allocating it afresh costs page faults
+        on every call), as an array of its shape."""
+        slot, shape = plan.slot[name], plan.shapes[name]
+        size = plan.sizes[slot]
+        if slot not in self.buffers or self.buffers[slot].size < size:
+            self.buffers[slot] = aligned_empty((size,), self.dtype)
+        return self.buffers[slot][: int(np.prod(shape))].reshape(shape)
 
     def rebound(self, weights: Mapping[str, np.ndarray]) -> CompiledProgram:
         """A new program with the same compiled kernels and measured times, bound to ``weights``

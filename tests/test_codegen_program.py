@@ -6,12 +6,15 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from codegen.measure import MeasurementDB
-from codegen.program import CompiledProgram, _step, compile_candidate, implementations, load
-from rewriter import conv2d, derive, evaluate, matmul
+from codegen.program import CompiledProgram, Step, _step, compile_candidate, implementations, load, plan_buffers
+from rewriter import conv2d, derive, evaluate, matmul, parse
 from rewriter.cases import CASES
-from rewriter.lower import instantiate, postprocess
+from rewriter.ir import tensor_shapes
+from rewriter.lower import Candidate, Kernel, instantiate, postprocess
 from rewriter.testing import random_inputs
 
 pytestmark = pytest.mark.usefixtures("module_cache")  # kernels and timings in a fresh cache
@@ -454,3 +457,64 @@ def test_the_in_place_race_takes_a_fused_kernel_apart_where_its_kernels_apart_ru
     assert [s.kernel.kind for s in raced.steps] == ["matmul", "eop"]
     x = np.random.default_rng(0).uniform(-1, 1, (16, 32))
     _close(raced(X=x), np.maximum(x @ np.ones((32, 24)), 0), 1e-5)
+
+
+@st.composite
+def _dags(draw):
+    """Steps ``T0, T1, ..`` of random sizes, each reading X or earlier outputs at random."""
+    sizes = {"X": 4}
+    steps = []
+    for index in range(draw(st.integers(1, 9))):
+        reads = draw(st.lists(st.sampled_from(sorted(sizes)), min_size=1, max_size=3, unique=True))
+        size = draw(st.integers(1, 40))
+        expr = parse(f"L i:{size} ; " + " + ".join(f"{t}[0]" for t in reads), {t: (sizes[t],) for t in reads})
+        steps.append(Step(Kernel("eop", f"T{index}", expr), "tvm", call=None))
+        sizes[f"T{index}"] = size
+    return steps
+
+
+@given(_dags(), st.data())
+def test_planned_buffers_are_shared_only_by_tensors_never_live_at_once(steps, data):
+    """Liveness planning: a tensor is live from its step to its last reader (or its step alone
+    if nothing reads it); two tensors share a slot only when one's life ends before the other's
+    begins, every slot holds what it is given, and tensors made afresh get none."""
+    fresh = {steps[-1].kernel.output, *data.draw(st.sets(st.sampled_from([s.kernel.output for s in steps])))}
+    plan = plan_buffers(steps, fresh)
+    born = {s.kernel.output: i for i, s in enumerate(steps)}
+    dies = {
+        t: max([b] + [i for i, s in enumerate(steps) if t in tensor_shapes(s.kernel.expr)]) for t, b in born.items()
+    }
+    assert set(plan.slot) == set(born) - fresh
+    for name, slot in plan.slot.items():
+        assert plan.sizes[slot] >= np.prod(plan.shapes[name])
+        for other, same in plan.slot.items():
+            if other != name and same == slot:
+                assert dies[name] < born[other] or dies[other] < born[name], (name, other)
+
+
+def test_a_planned_program_reuses_memory_and_computes_what_it_did():
+    """A chain with a skip connection: four intermediates in fewer buffers, the values those of
+    the expression, the tensors asked for returned whole, the overwritten ones left out."""
+    shapes = {"X": (64,)}
+    texts = [
+        ("T0", "L i:64 ; 2 * X[i]"),
+        ("T1", "L i:64 ; T0[i] + 1"),
+        ("T2", "L i:64 ; T1[i] * T1[i]"),
+        ("T3", "L i:64 ; T2[i] - T0[i]"),
+        ("T4", "L i:64 ; T3[i] + 3"),
+        ("out", "L i:64 ; T4[i] * 0.5"),
+    ]
+    kernels, known = [], dict(shapes)
+    for name, text in texts:
+        kernels.append(Kernel("eop", name, parse(text, known)))
+        known[name] = (64,)
+    program = compile_candidate(Candidate(kernels), shapes)
+    assert len(program._plan((program.output,)).sizes) < len(texts) - 1
+    x = np.random.default_rng(0).uniform(-1, 1, 64)
+    want_t1 = 2 * x + 1
+    want = ((want_t1 * want_t1 - 2 * x) + 3) * 0.5
+    for _ in range(2):
+        values = program.run({"X": x}, outputs=("T1",))
+        _close(values["out"], want)
+        _close(values["T1"], want_t1)
+        assert "T0" not in values and "T2" not in values
