@@ -55,6 +55,7 @@ from rewriter.ir import (
     accesses,
     constant_value,
     index_vars,
+    nested_scopes,
     substitute,
     substitute_index,
     tensor_shapes,
@@ -171,6 +172,16 @@ def _all_reads(body: Scalar):
             yield from _all_reads(access.source.body)
 
 
+def _readers(scope: Scope) -> dict[Scope, set[Scope]]:
+    """For each scope nested in ``scope``, the distinct scopes whose bodies read it directly."""
+    readers: dict[Scope, set[Scope]] = {}
+    for reader in (scope, *nested_scopes(scope)):
+        for access in accesses(reader.body):
+            if isinstance(access.source, Scope):
+                readers.setdefault(access.source, set()).add(reader)
+    return readers
+
+
 def _box(scope: Scope) -> dict[str, tuple[int, int]]:
     return scope.box
 
@@ -234,6 +245,7 @@ class _Lowering:
             name: tvm.te.placeholder(self._shape(shape), dtype, name) for name, shape in tensor_shapes(scope).items()
         }
         self.scopes: dict[Scope, tvm.te.Tensor] = {}
+        self.readers = _readers(scope)
         self.padded: dict[tuple, tvm.te.Tensor] = {}
         self.stages: list[_Stage] = []
         self.building: list[_Building] = []  # a stack: stages build their nested stages
@@ -420,11 +432,11 @@ class _Lowering:
         stage of its own: it sums nothing, and the stage reads it once, injectively over the
         stage's box (each element at one point of the traversal and summation: nothing is
         computed twice; a matmul's operand, read once per column, stays a stage). A scope that
-        is a stage already, for another reader, is read from it, not computed again (softmax's
-        exponentials, read by its sum and by its division: 1.07 ms for ViT's 12x197x197
-        attention scores with them computed twice, 0.32 once)."""
+        several scopes of the kernel read is one stage they all read, whichever is built first
+        (softmax's exponentials, read by its sum and by its division: 1.07 ms for ViT's
+        12x197x197 attention scores with them composed into the sum as well, 0.32 once)."""
         stage = self.building[-1].scope
-        if source.summation or source in self.scopes:
+        if source.summation or len(self.readers.get(source, ())) > 1:
             return False
         if sum(1 for a in _all_reads(stage.body) if a.source == source) != 1:
             return False

@@ -240,12 +240,15 @@ def test_equal_nested_scopes_share_a_stage():
     np.testing.assert_allclose(kernel(**inputs), evaluate(expr, inputs), rtol=1e-12)
 
 
-def test_a_scope_that_is_a_stage_already_is_read_not_computed_again():
+@pytest.mark.parametrize("order", ["division first", "sum first"])
+def test_a_scope_that_several_scopes_read_is_one_stage_they_all_read(order):
     """Softmax: the exponentials are read by the division and by the sum (once per element
     each): one stage that both read, the exponential in the code once (the sum does not compose
-    its own copy)."""
+    its own copy), whichever reader the lowering meets first."""
     ex = "{ L a:5, b:7 ; exp(X[a, b] - { L c:5 ; M d:7 ; X[c, d] }[a]) }"
-    expr = parse(f"L i:5, j:7 ; {ex}[i, j] / {{ L a:5 ; S r:7 ; {ex}[a, r] }}[i]", {"X": (5, 7)})
+    total = f"{{ L a:5 ; S r:7 ; {ex}[a, r] }}[i]"
+    body = f"{ex}[i, j] / {total}" if order == "division first" else f"1 / {total} * {ex}[i, j]"
+    expr = parse(f"L i:5, j:7 ; {body}", {"X": (5, 7)})
     kernel = compile_scope(expr, dtype="float32")
     assert kernel.listing().count("T.reinterpret") == 1  # the exponential's 2**n, once
     inputs = random_inputs(expr, 3)
