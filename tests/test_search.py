@@ -1,5 +1,6 @@
 """Exact fingerprints and the explorative search: invariances, soundness, depth, budgets."""
 
+import gc
 import random
 
 import numpy as np
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 
 from rewriter import ExpressionError, Iterator, Scope, evaluate, parse
 from rewriter.ir import Access, Var, map_accesses, nested_reads, replace_at, scopes_at, substitute
-from rewriter.search import canonical, explore, fingerprint, registered
+from rewriter.search import canonical, explore, explore_levels, fingerprint, registered
 from rewriter.testing import random_inputs
 from rewriter.testing.strategies import applicable, expressions
 
@@ -125,6 +126,19 @@ def test_budgets_stop_the_search_with_a_reason():
     assert by_time.stats.stop_reason == "time"
     assert explore(e, max_depth=2, use_egraph=False).stats.stop_reason == "depth"
     assert explore(parse("L i:3 ; A[i]", {"A": (3,)}), max_depth=3, use_egraph=False).stats.stop_reason == "saturated"
+
+
+def test_the_search_hands_everything_back_to_the_collector():
+    """The search freezes what it keeps alive (the collector would rescan it); whether it ends on
+    its depth, on a budget, or because its consumer stopped reading levels, nothing stays frozen."""
+    gc.unfreeze()
+    explore(conv(), max_depth=3, use_egraph=False)
+    explore(conv(), max_depth=7, max_states=40, use_egraph=False)
+    levels = explore_levels(conv(), max_depth=4, use_egraph=False)
+    next(levels), next(levels)
+    assert gc.get_freeze_count() > 0  # mid-search
+    levels.close()
+    assert gc.get_freeze_count() == 0
 
 
 def test_stats_count_rules_and_hits():
