@@ -906,7 +906,7 @@ class TvmKernel:
         self.path = path  # the shared library in the cache (None when it could not be written)
         self.from_cache = from_cache
         self._module = module  # keeps the loaded library alive while its function is in use
-        self._function = module["main"]
+        self.function = module["main"]  # called by position: the inputs in ``inputs``' order, then the output
 
     def renamed(self, scope: Scope) -> TvmKernel:
         """The same machine code for ``scope``, this kernel's scope with its tensors renamed
@@ -937,7 +937,7 @@ class TvmKernel:
                 raise ValueError(
                     "TvmKernel.run: numpy buffers must be C-contiguous and 64-byte aligned (use prepare())"
                 )
-        self._function(*args)
+        self.function(*args)
 
     def _checked(self, arrays: Mapping[str, object]) -> dict[str, object]:
         missing = sorted(set(self.inputs) - set(arrays))

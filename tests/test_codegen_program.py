@@ -10,7 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codegen.measure import MeasurementDB
-from codegen.program import CompiledProgram, Step, _step, compile_candidate, implementations, load, plan_buffers
+from codegen.program import (
+    CompiledProgram,
+    Step,
+    _step,
+    _stopwatch,
+    compile_candidate,
+    implementations,
+    load,
+    plan_buffers,
+)
 from rewriter import conv2d, derive, evaluate, matmul, parse
 from rewriter.cases import CASES
 from rewriter.ir import tensor_shapes
@@ -509,7 +518,7 @@ def test_a_planned_program_reuses_memory_and_computes_what_it_did():
         kernels.append(Kernel("eop", name, parse(text, known)))
         known[name] = (64,)
     program = compile_candidate(Candidate(kernels), shapes)
-    assert len(program._plan((program.output,)).sizes) < len(texts) - 1
+    assert len(plan_buffers(program.steps, {program.output}).sizes) < len(texts) - 1
     x = np.random.default_rng(0).uniform(-1, 1, 64)
     want_t1 = 2 * x + 1
     want = ((want_t1 * want_t1 - 2 * x) + 3) * 0.5
@@ -518,3 +527,21 @@ def test_a_planned_program_reuses_memory_and_computes_what_it_did():
         _close(values["out"], want)
         _close(values["T1"], want_t1)
         assert "T0" not in values and "T2" not in values
+    # a run calls the TVM kernels by position; a call someone wrapped (a stopwatch) runs as wrapped
+    samples = [[] for _ in program.steps]
+    timed = replace(
+        program, steps=[replace(s, call=_stopwatch(s.call, samples[i])) for i, s in enumerate(program.steps)]
+    )
+    _close(timed.run({"X": x})["out"], want)
+    assert all(len(s) == 1 for s in samples)
+
+
+def test_a_program_bound_again_after_a_run_reads_the_new_weights():
+    """A run's calls are bound to their arrays once (``_Dispatch``); binding weights again drops them."""
+    (kernel,) = postprocess(instantiate(matmul((8, 16), (16, 4))), weights=("B",)).kernels
+    program = compile_candidate(Candidate([kernel]), {"A": (8, 16), "B": (16, 4)})
+    rng = np.random.default_rng(0)
+    a, b = rng.uniform(-1, 1, (8, 16)), rng.uniform(-1, 1, (16, 4))
+    _close(program.bind({"B": b})(A=a), a @ b)
+    _close(program.bind({"B": 2 * b})(A=a), 2 * a @ b)
+    _close(program.run({"A": a, "B": 3 * b})["out"], 3 * a @ b)  # an input given beats the constant
