@@ -132,13 +132,27 @@ def test_the_search_hands_everything_back_to_the_collector():
     """The search freezes what it keeps alive (the collector would rescan it); whether it ends on
     its depth, on a budget, or because its consumer stopped reading levels, nothing stays frozen."""
     gc.unfreeze()
-    explore(conv(), max_depth=3, use_egraph=False)
-    explore(conv(), max_depth=7, max_states=40, use_egraph=False)
+    assert explore(conv(), max_depth=3, use_egraph=False).stats.stop_reason == "depth"
+    assert gc.get_freeze_count() == 0
+    assert explore(conv(), max_depth=7, max_states=40, use_egraph=False).stats.stop_reason == "states"
+    assert gc.get_freeze_count() == 0
     levels = explore_levels(conv(), max_depth=4, use_egraph=False)
     next(levels), next(levels)
     assert gc.get_freeze_count() > 0  # mid-search
     levels.close()
     assert gc.get_freeze_count() == 0
+
+
+def test_a_process_that_froze_objects_itself_keeps_its_freeze():
+    gc.unfreeze()
+    kept = [object() for _ in range(3)]  # noqa: F841  (alive, so the freeze holds something)
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    try:
+        explore(conv(), max_depth=3, use_egraph=False)
+        assert gc.get_freeze_count() == frozen  # the search neither froze more nor unfroze it
+    finally:
+        gc.unfreeze()
 
 
 def test_stats_count_rules_and_hits():

@@ -258,7 +258,7 @@ def explore_levels(
     if max_depth == 0:
         stats.stop_reason = "depth"
     yield exploration, [root]
-    with _collector_skips_the_search():
+    with _collector_skips_the_search() as search.freeze:
         yield from _levels(search, exploration, frontier, states, max_depth, started, native)
 
 
@@ -300,11 +300,16 @@ def _collector_skips_the_search():
     """Python's cyclic collector scans every live object when it collects the oldest generation,
     and a search keeps most of what it builds (states, e-nodes, memos): at Conv5x5 depth 4 nine
     such collections took a quarter of the search. What is alive after each state's expansion is
-    frozen (``gc.freeze``, a list splice) so the collector skips it; garbage is still freed by
-    reference counting, and cycles wait until the search ends, when everything is handed back."""
+    frozen (the ``freeze`` this yields: ``gc.freeze``, a list splice) so the collector skips it;
+    garbage is still freed by reference counting, and cycles wait until the search ends, when
+    everything is handed back. A process that froze objects itself (a server before it forks)
+    keeps its freeze: the search then freezes nothing, since unfreezing is all or nothing."""
+    if gc.get_freeze_count():
+        yield lambda: None
+        return
     gc.freeze()
     try:
-        yield
+        yield gc.freeze
     finally:
         gc.unfreeze()
 
@@ -321,6 +326,7 @@ class _Search:
         self.classes = ScopeClasses()
         self.applied: set = set()  # (rule, e-node or scope) keys already expanded
         self.memo: dict = {}  # eager rule results per scope
+        self.freeze = lambda: None  # set while levels are searched (_collector_skips_the_search)
 
     def unite(self, position, scope: Scope, result: Scope) -> None:
         if position:  # a root's class is never read as a nested one: only nested classes are kept
@@ -328,7 +334,7 @@ class _Search:
 
     def expand(self, frontier, new_frontier, states, current) -> None:
         for state in frontier:
-            gc.freeze()  # see _collector_skips_the_search
+            self.freeze()
             for position, scope in list(scopes_at(state.expr)):
                 enode = None
                 for rule_ in self.explorative:
