@@ -94,6 +94,8 @@ def orchestration_columns(programs: dict, seconds: dict) -> dict:
         "greedy_s": round(seconds["greedy"], 1),
         "kernels": len(programs["blp"].program.kernels),
         "greedy_kernels": len(programs["greedy"].program.kernels),
+        "kept": programs["blp"].orchestration.method,  # the BLP's plan, or the greedy one where faster whole
+        "end_to_end_ms": figures.get("end_to_end_ms"),
         "shared_kernels": len(programs["blp"].orchestration.shared),
         "recomputed": len(programs["blp"].orchestration.recomputed),
         **{

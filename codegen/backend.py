@@ -20,6 +20,8 @@ A program is callable on named inputs (``program(**inputs) -> array``) and has `
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
@@ -30,7 +32,7 @@ from rewriter.lower import Candidate
 
 from .cuda import CudaBackend
 from .measure import MeasurementDB, device_id
-from .orchestrate import Orchestration, fuse_boundaries, orchestrate, race_shared_in_place
+from .orchestrate import Orchestration, faster_end_to_end, fuse_boundaries, orchestrate, race_shared_in_place
 from .program import CompiledProgram, compile_candidate, remeasure, stitch
 
 
@@ -88,15 +90,24 @@ class CpuBackend:
         alternatives: Mapping[str, Sequence[CompiledProgram]] | None = None,
         **limits,
     ) -> tuple[CompiledProgram, Orchestration]:
-        """Which primitives of a stitched program share a kernel: Korch's BLP over measured
-        candidates ("blp", ``limits``: ``max_primitives``, ``time_limit``), or the greedy
-        fusion across subprogram ``boundaries`` ("greedy"); then the plan raced where the program
-        runs (``race_shared_in_place``, with the subprograms' runners-up ``alternatives``)."""
-        if method == "greedy":
-            orchestrated, plan = fuse_boundaries(program, boundaries, self.db, self.tune)
-        else:
-            orchestrated, plan = orchestrate(program, required, self.db, self.tune, **limits)
-        return race_shared_in_place(program, orchestrated, plan, alternatives)
+        """Which primitives of a stitched program share a kernel: the greedy fusion across
+        subprogram ``boundaries`` ("greedy"), or Korch's BLP over measured candidates ("blp",
+        ``limits``: ``max_primitives``, ``time_limit``), its program then raced end to end
+        against the greedy one's (``faster_end_to_end``) where the time limit leaves room. Each
+        plan is first raced where its program runs (``race_shared_in_place``, with the
+        subprograms' runners-up ``alternatives``)."""
+        start = time.perf_counter()
+        plans = {}
+        if method == "blp":
+            plans["blp"] = race_shared_in_place(
+                program, *orchestrate(program, required, self.db, self.tune, **limits), alternatives
+            )
+            if time.perf_counter() - start > limits.get("time_limit", math.inf):
+                return plans["blp"]
+        plans["greedy"] = race_shared_in_place(
+            program, *fuse_boundaries(program, boundaries, self.db, self.tune), alternatives
+        )
+        return faster_end_to_end(plans)
 
 
 @dataclass

@@ -501,6 +501,31 @@ def race_in_place(
     return replace(program, steps=chosen, constants=dict(program.constants), buffers={}).prepare()
 
 
+def end_to_end_seconds(
+    programs: Mapping[str, CompiledProgram], min_rounds: int = 5, max_rounds: int = 30, max_seconds: float = 10.0
+) -> dict[str, float]:
+    """The median seconds of a whole run of each program (on zeros, like ``race_in_place``),
+    the programs taking turns round by round, so a drift of the machine hits each alike: at
+    least ``min_rounds``, then more up to ``max_rounds`` while within ``max_seconds`` in all.
+    Each program runs once first, untimed (its buffers and code still cold)."""
+    inputs = {
+        name: {n: np.zeros(shape) for n, shape in p.inputs.items() if n not in p.constants}
+        for name, p in programs.items()
+    }
+    samples: dict[str, list[float]] = {name: [] for name in programs}
+    for name, program in programs.items():
+        program.run(inputs[name])
+    deadline = time.perf_counter() + max_seconds
+    for turn in range(max_rounds):
+        if turn >= min_rounds and time.perf_counter() > deadline:
+            break
+        for name, program in programs.items():
+            start = time.perf_counter()
+            program.run(inputs[name])
+            samples[name].append(time.perf_counter() - start)
+    return {name: float(np.median(s)) for name, s in samples.items()}
+
+
 def _runs_on(steps: Sequence[Step], available: set[str]) -> bool:
     """Whether ``steps``, in order, read only ``available`` tensors and each other's outputs."""
     made = set(available)

@@ -2,21 +2,23 @@
 program that chooses among them, and the orchestrated program that runs the choice."""
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.optimize import Bounds, milp
 
 import codegen.orchestrate as orchestrate_module
 from codegen.measure import MeasurementDB
 from codegen.orchestrate import orchestrate
-from codegen.program import CompiledProgram, _step
+from codegen.program import CompiledProgram, _step, end_to_end_seconds
 from codegen.tvm_kernel import lower_to_te
 from rewriter import evaluate, parse, parse_program
 from rewriter.ir import ExpressionError, nested_scopes, tensor_shapes
 from rewriter.lower import Kernel, match_operator
-from rewriter.lower.orchestrate import Choice, Primitives, convex_candidates, fused_kernel, solve
+from rewriter.lower.orchestrate import Choice, Primitives, blp_constraints, convex_candidates, fused_kernel, solve
 from rewriter.pipeline import optimize_program
 
 pytestmark = pytest.mark.usefixtures("module_cache")  # kernels and timings in a fresh cache
@@ -107,6 +109,22 @@ def test_korch_figure_4c_computes_the_shared_producer_three_times():
     choices = _choices(graph, alone | {k: 1.5 for k in fused})
     plan = solve(graph, choices, {"P1", "P2", "P3"})
     assert sorted(choices[i].members for i in plan.chosen) == [(0,), (1,), (2,), (3,)]
+
+
+def test_the_relaxation_of_a_chain_is_as_costly_as_its_best_plan():
+    """A chain of twelve primitives, each alone (1.0) or fused with its producer (1.5): the
+    best plan pairs them up, 9.0. The LP relaxation of the BLP's constraints costs as much, so
+    the solver proves the plan at its root; without the cover rows two half kernels share one
+    half producer at every level and the relaxation falls to about 3."""
+    n = 12
+    graph = _graph([[]] + [[p - 1] for p in range(1, n)])
+    choices = _choices(graph, {(p,): 1.0 for p in range(n)} | {(p - 1, p): 1.5 for p in range(1, n)})
+    plan = solve(graph, choices, {f"P{n - 1}"})
+    assert plan.seconds == pytest.approx(9.0) and plan.figures["gap"] == pytest.approx(0.0)
+    relaxed = milp(
+        [c.seconds for c in choices], constraints=blp_constraints(graph, choices, {f"P{n - 1}"}), bounds=Bounds(0, 1)
+    )
+    assert relaxed.fun == pytest.approx(9.0)
 
 
 @settings(max_examples=40, deadline=None)
@@ -220,3 +238,41 @@ def test_a_product_and_its_epilogue_share_a_generated_kernel(tmp_path, monkeypat
     rng = np.random.default_rng(0)
     x, w, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((32, 64), (64, 48), (48,)))
     np.testing.assert_allclose(orchestrated(X=x, W=w, B=b), np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-5)
+
+
+def test_the_plan_kept_is_the_one_whose_whole_run_is_faster(tmp_path, monkeypatch):
+    """The BLP's plan (A computed twice, inside B's and C's kernels) and the greedy one (three
+    kernels) raced end to end: the one whose whole run measures faster is kept (the measured
+    seconds set here, both ways), with every plan's figures and the whole runs' times; two
+    plans with the same kernels are one program and are not raced. The whole runs are timed
+    in turns."""
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    program = _program(db)
+
+    def in_turns(programs, db, **timing):  # the primitives alone are slow: the BLP fuses
+        for step in programs[0].steps:
+            if not list(nested_scopes(step.kernel.expr)):
+                step.seconds = 1.0
+
+    monkeypatch.setattr(orchestrate_module, "remeasure", in_turns)
+    blp = orchestrate(program, {"B", "C"}, db)
+    greedy = (program, orchestrate_module.Orchestration("greedy", figures={"fusions": 0}))
+    for faster in ("blp", "greedy"):
+        asked = []
+
+        def whole_runs(programs, faster=faster):
+            asked.append(list(programs))
+            return {method: 0.001 if method == faster else 0.002 for method in programs}
+
+        kept, plan = orchestrate_module.faster_end_to_end({"blp": blp, "greedy": greedy}, whole_runs)
+        assert asked == [["blp", "greedy"]]
+        assert kept is {"blp": blp, "greedy": greedy}[faster][0] and plan.method == faster
+        slower = {"blp": "greedy", "greedy": "blp"}[faster]
+        assert plan.figures["end_to_end_ms"] == {faster: 1.0, slower: 2.0}
+        assert plan.figures["variables"] == blp[1].figures["variables"] and plan.figures["fusions"] == 0
+        assert f"kept the {faster} plan" in plan.describe()
+    same = (replace(program), orchestrate_module.Orchestration("greedy"))
+    kept, plan = orchestrate_module.faster_end_to_end({"blp": (program, blp[1]), "greedy": same}, None)
+    assert kept is program and plan.method == "blp" and "end_to_end_ms" not in plan.figures
+    times = end_to_end_seconds({"blp": blp[0], "greedy": program}, min_rounds=2, max_rounds=2)
+    assert set(times) == {"blp", "greedy"} and all(t > 0 for t in times.values())
