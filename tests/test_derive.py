@@ -351,6 +351,26 @@ def test_a_batch_of_small_gemms_becomes_one_matmul_through_an_operand_layout():
     assert ["batch_matmul"] in kinds and ["eop", "matmul"] in kinds
 
 
+@pytest.mark.parametrize("offset", [0, 1])
+def test_a_strided_convolution_becomes_one_matmul_through_a_compacting_layout(offset):
+    """A 1x1 convolution of stride 2 (ResNet's downsampling shortcut, NCHW) reads every other
+    row and column: as it lies, one GEMM per output row. Its layout copy keeps every other
+    element (``X'[n, c, q, h, q', w]``, q and q' the one offset read), after which (h, w) is one
+    GEMM dimension and one Matmul computes it; ``derive`` keeps both forms for measurement."""
+    shapes = {"X": (1, 6, 9, 9), "W": (4, 6, 1, 1)}
+    expr = parse(f"L n:1, f:4, h:4, w:4 ; S c:6 ; X[n, c, 2*h+{offset}, 2*w+{offset}] * W[f, c, 0, 0]", shapes)
+    assert [k.kind for k in instantiate(expr).kernels] == ["batch_matmul"]
+    relaid = instantiate(expr, relayout=True)
+    assert [k.kind for k in relaid.kernels] == ["eop", "matmul"] and relaid.kernels[1].match.batches == 1
+    layout = relaid.kernels[0].expr
+    q = "1" if offset == 0 else f"{offset}..{offset + 1}"  # the one offset read
+    assert str(layout) == f"L d0:1, d1:6, q2:{q}, j2:4, q3:{q}, j3:4 ; X[d0, d1, 2*j2+q2, 2*j3+q3]"
+    inputs = random_inputs(expr, 5)
+    np.testing.assert_allclose(relaid(**inputs), evaluate(expr, inputs), rtol=1e-9, atol=1e-9)
+    kinds = [[k.kind for k in c.kernels] for c in derive(expr, max_depth=0, backend="reference").candidates]
+    assert ["batch_matmul"] in kinds and ["eop", "matmul"] in kinds
+
+
 def test_the_fastest_candidates_are_timed_again_before_the_choice(tmp_path):
     """A stored timing taken in another run (here an impossible nanosecond for the naive
     kernel) does not decide alone: the fastest candidates' kernels are timed again, in turns,

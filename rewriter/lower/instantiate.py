@@ -25,9 +25,10 @@ def instantiate(expr: Scope, relayout: bool = False, operators=None) -> Candidat
 
     ``operators``: the records to match (default: the registered ``OPERATORS``), in order.
     With ``relayout``, a product that matches only as a BatchMatmul of many small batches (or
-    no operator) reads its operands through layout eOperators that order their dimensions as
-    one larger Matmul wants (``operand_layouts``): a copy against a better GEMM, which
-    measurement decides (``derive`` instantiates its best states both ways)."""
+    no operator) reads its operands through layout eOperators that split their strided
+    dimensions (``split_layouts``) and order their dimensions as one larger Matmul wants
+    (``operand_layouts``): a copy against a better GEMM, which measurement decides (``derive``
+    instantiates its best states both ways)."""
     lowering = _Lowering(None if operators is None else tuple(operators), relayout)
     root = lowering.lift(expr, {})
     lowering.emit(root, "out")
@@ -59,7 +60,10 @@ class _Lowering:
         relaid = split_layouts(scope) if wants_operator(scope, self.operators) else None
         if relaid is not None:
             kernel = self._relaid(kernel, relaid, lambda matched: matched.kind != "eop")
-        relaid = operand_layouts(kernel.expr) if self.relayout and _batches(kernel) > 1 else None
+        relaid = None
+        if self.relayout and _batches(kernel) > 1:
+            split = split_layouts(kernel.expr)
+            relaid = operand_layouts(split or kernel.expr) or split
         if relaid is not None:
             kernel = self._relaid(kernel, relaid, lambda matched: _batches(matched) < _batches(kernel))
         self.kernels.append(kernel)

@@ -22,7 +22,9 @@ def split_layouts(scope: Scope) -> Scope | None:
     None if no read needs either.
 
     A split is how a dilated band or convolution becomes a plain one after a split
-    ``i = d*p + q``: ``Y[i + d*w]`` reads ``Y'[q, p + w]``, and q joins the batch. A merge is
+    ``i = d*p + q``: ``Y[i + d*w]`` reads ``Y'[q, p + w]``, and q joins the batch; with no
+    ``e2`` (a strided read, ``X[2*h]``), the copy keeps every d-th element, ``X'[0, h]``, so
+    that h merges with its neighbours (a 1x1 convolution of stride 2, one GEMM). A merge is
     how a summation over heads and head dimensions, ``T[k/64, i, k%64]`` (attention's output
     projection), becomes one summation iterator k that a Matmul can take.
     """
@@ -96,7 +98,7 @@ def _dimension_split(ix, box: dict, size: int):
     for d in sorted({abs(c) for c in coefficients.values() if abs(c) > 1}, reverse=True):
         outer = {v: c // d for v, c in coefficients.items() if c % d == 0}
         inner = {v: c for v, c in coefficients.items() if c % d}
-        if not outer or not inner:
+        if not outer:
             continue
         e1, e2 = affine_index(outer, constant // d), affine_index(inner, constant % d)
         q_lo, q_hi = index_bounds(e2, box)
