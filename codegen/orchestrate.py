@@ -280,25 +280,22 @@ def faster_end_to_end(
     plans: Mapping[str, tuple[CompiledProgram, Orchestration]],
     seconds: Callable[[Mapping[str, CompiledProgram]], Mapping[str, float]] = end_to_end_seconds,
 ) -> tuple[CompiledProgram, Orchestration]:
-    """Of several orchestrated programs (by method name, the first the preferred one), the one
-    whose whole run measures fastest (``seconds``: ``end_to_end_seconds``, the programs in
-    turns). The plans' own figures sum kernels timed apart, which a program's time is not (its
-    kernels find each other's data in the caches, or evict it); this is the choice as the
-    program runs. The kept plan's figures gain every plan's (the first's first) and
-    ``end_to_end_ms``; programs with the same kernels are one program, not raced."""
-    first = next(iter(plans))
-    distinct = {}
+    """Of several orchestrated programs (by method name), the one whose whole run measures
+    fastest (``seconds``: ``end_to_end_seconds``, the programs in turns); programs with the same
+    kernels are one program, run as the first named. The plans' own figures sum kernels timed
+    apart, which a program's time is not (its kernels find each other's data in the caches, or
+    evict it): this is the choice as the program runs. The kept plan's figures gain the
+    others' (the BLP's size and solve time where the greedy plan is kept) and, where programs
+    were raced, ``end_to_end_ms``."""
+    distinct: dict[str, CompiledProgram] = {}
     for method, (program, _) in plans.items():
         if not any(_same_kernels(program, other) for other in distinct.values()):
             distinct[method] = program
-    times = seconds(distinct) if len(distinct) > 1 else {first: None}
-    kept = min(times, key=lambda method: times[method] or 0.0)
+    times = seconds(distinct) if len(distinct) > 1 else {}
+    kept = min(times, key=times.get) if times else next(iter(plans))
     program, plan = plans[kept]
-    figures = {}
-    for _, other in reversed(plans.values()):
-        figures |= other.figures
-    figures |= plan.figures
-    if len(distinct) > 1:
+    figures = {key: value for _, other in plans.values() for key, value in other.figures.items()} | plan.figures
+    if times:
         figures["end_to_end_ms"] = {method: round(s * 1e3, 3) for method, s in times.items()}
     return program, replace(plan, figures=figures)
 
