@@ -3,7 +3,7 @@ torch.compile, end to end.
 
     python3 bench/models_vs_runtimes.py [--models bert,gpt2,vit,segformer,convnext,resnet,mobilenetv2]
                                         [--max-depth 1] [--subprogram-time-limit 10] [--rounds 10]
-                                        [--tokens 128] [--image-size 224]
+                                        [--tokens 128] [--image-size 224] [--tune 0]
 
 Each model is built from the ``transformers`` library's own definition with its default (full
 size) configuration and random weights (no downloads), exported with ``torch.onnx.export``
@@ -12,8 +12,9 @@ size) configuration and random weights (no downloads), exported with ``torch.onn
 and by the greedy baseline ("greedy") from the same derivations. All five are checked against
 onnxruntime's output, then timed in one process, interleaved round by round
 (``vs_torch.interleaved``), in float32: onnxruntime with 2 intra-op threads and spinning off,
-PyTorch under ``no_grad``. Adds (or replaces) one row per model in
-bench/results/models_vs_runtimes.json, with the time the optimizer took and the BLP's figures.
+PyTorch under ``no_grad``. Adds (or replaces) one row per model and ``--tune`` (TVM schedules
+raced per generated kernel, ``CpuBackend(tune=N)``) in bench/results/models_vs_runtimes.json,
+with the time the optimizer took and the BLP's figures.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
 import transformers as T  # noqa: E402
 
+from codegen.backend import CpuBackend  # noqa: E402
 from rewriter.frontends.onnx import load_onnx  # noqa: E402
 
 # name -> the model with its default configuration; text models read token ids
@@ -88,6 +90,7 @@ def run(name: str, args) -> dict:
         model.weights,
         max_depth=args.max_depth,
         subprogram_time_limit=args.subprogram_time_limit,
+        backend=CpuBackend(tune=args.tune),
         on_subprogram=lambda sub, k, n: print(f"  [{k + 1}/{n}] {sub.name}: {sub.state}", file=sys.stderr, flush=True),
     )
     optimized, greedy = programs["blp"], programs["greedy"]
@@ -114,6 +117,7 @@ def run(name: str, args) -> dict:
         "subprograms": len(optimized.subprograms),
         "max_depth": args.max_depth,
         "subprogram_time_limit": args.subprogram_time_limit,
+        "tune": args.tune,
         **orchestration_columns(programs, seconds),
         **{f"{k}_ms": round(v * 1e3, 3) for k, v in medians.items()},
         **{f"vs_{k}": round(medians[k] / medians["optimized"], 2) for k in medians if k != "optimized"},
@@ -128,6 +132,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--tune", type=int, default=0, help="TVM schedules raced per generated kernel")
     args = parser.parse_args()
     columns = ("optimize_s", "optimized_ms", "greedy_ms", "onnxruntime_ms", "torch_eager_ms", "torch_compile_ms")
     ratios = ("vs_greedy", "vs_onnxruntime", "vs_torch_eager", "vs_torch_compile")
@@ -137,8 +142,12 @@ def main() -> None:
         row = run(name, args)
         print(f"{name:<12}" + "".join(f"{row[c]:>18}" for c in columns + ratios), flush=True)
         # Rows of earlier runs (other models) are kept, so models can be measured one run at a time.
-        rows = [r for r in (json.loads(out.read_text()) if out.exists() else []) if r["model"] != name]
-        ordered = sorted(rows + [row], key=lambda r: list(MODELS).index(r["model"]))
+        rows = [
+            r
+            for r in (json.loads(out.read_text()) if out.exists() else [])
+            if (r["model"], r.get("tune", 0)) != (name, args.tune)
+        ]
+        ordered = sorted(rows + [row], key=lambda r: (list(MODELS).index(r["model"]), r.get("tune", 0)))
         write_rows(out, ordered)
     print(f"wrote {out.relative_to(ROOT)}")
 

@@ -80,7 +80,7 @@ def greedy_and_orchestrated(program, weights, **options) -> tuple[dict, dict]:
     programs = {}
     for method in ("blp", "greedy"):
         start = time.perf_counter()
-        programs[method] = orchestrate_program(stitched, method)
+        programs[method] = orchestrate_program(stitched, method, options.get("backend", "cpu"))
         seconds[method] = time.perf_counter() - start
     return programs, seconds
 
