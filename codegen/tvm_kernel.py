@@ -217,6 +217,7 @@ class _Stage:
     traversal: tuple[str, ...] = ()  # iterator names (none for a padding stage)
     reads: tuple[tuple[tuple[Index, ...], tuple[int, ...]], ...] = ()  # (indices, buffer shape)
     divided: frozenset[str] = frozenset()  # iterators under an index division or modulo
+    work: int = 1  # arithmetic per point, in multiply-adds (``_Building.work``)
 
     @property
     def inner(self) -> str | None:
@@ -231,6 +232,7 @@ class _Building:
     scope: Scope
     reads: list = field(default_factory=list)
     divided: set = field(default_factory=set)
+    work: int = 1  # arithmetic per point: 1, plus each function's (``_FUNCTION_WORK``)
 
 
 class _Lowering:
@@ -265,7 +267,8 @@ class _Lowering:
             tensor = tvm.te.compute(self._shape(scope.shape), fcompute, name, varargs_names=names)
             built = self.building.pop()
             reads, divided = tuple(built.reads), frozenset(built.divided)
-            self.stages.append(_Stage(tensor, scope.shape, scope.summation, tuple(names), reads, divided))
+            stage = _Stage(tensor, scope.shape, scope.summation, tuple(names), reads, divided, built.work)
+            self.stages.append(stage)
             self.scopes[scope] = tensor
         return self.scopes[scope]
 
@@ -315,6 +318,7 @@ class _Lowering:
             case Access(source, indices):
                 return self.read(source, indices, [], env, box)
             case Unary(fn, arg):
+                self.building[-1].work += _FUNCTION_WORK.get(fn, 0)
                 return self.unary(fn, self.scalar(arg, env, box))
             case Binary(op, lhs, rhs):
                 return self.binary(op, self.scalar(lhs, env, box), self.scalar(rhs, env, box))
@@ -626,6 +630,12 @@ _PARALLEL_ITERATIONS = 128  # enough chunks to balance threads; more only adds i
 # with 1 << 21 here). Halved since: ResNet-50's max pool (1.8M comparisons) took 0.54 ms on one
 # thread, 0.29-0.37 on two.
 _PARALLEL_WORK = 1 << 20
+# A function's arithmetic in multiply-adds beyond the one a point counts anyway (the polynomials
+# below; log is libm's): a stage of exponentials is worth two threads long before a stage of
+# additions of as many elements is. Measured here: GELU over 197x3072 (ViT's), 0.40 ms on one
+# thread, 0.24 on two; softmax's 2364x197 exponentials, 0.13 and 0.08; the bias added alone,
+# 0.079 and 0.084.
+_FUNCTION_WORK = {"exp": 16, "tanh": 20, "sigmoid": 22, "erf": 24, "log": 20}
 
 
 def _parallel(sch: tvm.s_tir.Schedule, loops: list, params: Schedule, stage: _Stage) -> None:
@@ -635,7 +645,7 @@ def _parallel(sch: tvm.s_tir.Schedule, loops: list, params: Schedule, stage: _St
     if params.parallel is None:
         extents = [int(sch.get(loop).extent) for loop in loops]
         count = next((k for k in range(1, len(loops)) if math.prod(extents[:k]) >= _PARALLEL_ITERATIONS), len(loops))
-        work = math.prod(stage.shape) * math.prod(it.size for it in stage.summation)
+        work = math.prod(stage.shape) * math.prod(it.size for it in stage.summation) * stage.work
         count = count if work >= _PARALLEL_WORK else 0
     else:
         count = min(params.parallel, len(loops))

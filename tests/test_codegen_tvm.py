@@ -105,6 +105,15 @@ def test_only_stages_with_enough_work_run_in_parallel(size, parallel):
     assert_matches(expr, random_inputs(expr, 1), dtype="float32")
 
 
+@pytest.mark.parametrize("body, parallel", [("X[i, j] + B[j]", False), ("exp(X[i, j] + B[j])", True)])
+def test_a_stage_of_exponentials_is_worth_two_threads_where_additions_are_not(body, parallel):
+    """The same 256x1024 points: an addition each runs on one thread, an exponential each
+    (16 multiply-adds of its polynomial) on two."""
+    expr = parse(f"L i:256, j:1024 ; {body}", {"X": (256, 1024), "B": (1024,)})
+    assert ("T.parallel" in compile_scope(expr, dtype="float32").listing()) == parallel
+    assert_matches(expr, random_inputs(expr, 2), dtype="float32")
+
+
 def test_a_products_register_tile_runs_along_the_rows_that_share_the_weight():
     """C = A @ B: the unrolled rows of the register tile are rows of m (one load of B's vector
     serves them all), and the loops over n go outside those over m (B's slice stays in cache
