@@ -299,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         "--orchestration",
         choices=("blp", "greedy", "none"),
         default="blp",
-        help="which primitives share a kernel: Korch's binary linear program over measured candidates (default), "
-        "greedy fusion across subprograms, or none",
+        help="which primitives share a kernel: Korch's binary linear program over measured candidates, its "
+        "program raced whole against the greedy one's (default), greedy fusion across subprograms, or none",
     )
     ex = sub.add_parser("explain", help="the rule path of every subprogram and the orchestration of an optimized model")
     ex.add_argument("directory")
