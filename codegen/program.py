@@ -638,10 +638,15 @@ def _step(kernel: Kernel, impl: str, dtype: str, library: Path | None = None, sc
 
 
 def _tvm_call(compiled: TvmKernel):
-    def call(values, out):
-        compiled.run(values, out)
+    """The kernel's function on a step's buffers by name. Every buffer a step reads or writes is
+    aligned where it is made (``aligned_empty``, ``_aligned``), so no call checks it again:
+    ``TvmKernel.run``'s check costs a microsecond an argument, more than a small kernel runs."""
+    function, names = compiled.function, tuple(compiled.inputs)
 
-    call.by_position = (compiled.function, tuple(compiled.inputs))  # what ``_Dispatch`` calls instead
+    def call(values, out):
+        function(*[values[n] for n in names], out)
+
+    call.by_position = (function, names)  # what ``_Dispatch`` calls instead
     return call
 
 

@@ -346,6 +346,22 @@ def test_dynamic_shapes_fall_back_with_a_warning():
     assert got.shape == (3, 5)
 
 
+def test_options_set_the_search_budget_and_a_misspelt_one_is_an_error(monkeypatch):
+    budgets = []
+    original = torch_frontend.optimize_program
+    monkeypatch.setattr(
+        torch_frontend, "optimize_program", lambda *args, **budget: budgets.append(budget) or original(*args, **budget)
+    )
+    module, x = mlp().eval(), torch.randn(3, 3, 2, 2)
+    options = {"max_depth": 1, "subprogram_time_limit": 2.0}
+    with torch.no_grad():
+        close(flat(torch.compile(module, backend=rewriter_backend, options=options)(x)), flat(module(x)))
+    assert budgets == [options]
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"\['max_dept'\] are not the rewriter backend's"):
+        torch.compile(mlp().eval(), backend=rewriter_backend, options={"max_dept": 1})(x)
+
+
 def test_register_is_idempotent_and_names_the_backend(monkeypatch):
     runs = compiled_runs(monkeypatch)
     register()

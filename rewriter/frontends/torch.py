@@ -880,10 +880,13 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
 # The torch.compile backend
 
 
-def rewriter_backend(gm, example_inputs):
+def rewriter_backend(gm, example_inputs, options: dict | None = None):
     """``torch.compile`` backend: the FX graph dynamo gives, translated like ``from_torch``, run
     as a program. A graph it cannot translate (an unsupported operator, dynamic shapes, anything)
-    runs as it came, with a warning that says why: compiling must never break a model."""
+    runs as it came, with a warning that says why: compiling must never break a model.
+    ``torch.compile(..., options={"max_depth": 1, "subprogram_time_limit": 5})`` sets the search
+    budget (``BACKEND_OPTIONS`` are the defaults)."""
+    budget = _backend_budget(options)
     try:
         _check_static(gm)
         exported = _export(gm, example_inputs)
@@ -891,7 +894,18 @@ def rewriter_backend(gm, example_inputs):
     except Exception as err:  # the original graph is always a correct answer
         warnings.warn(f"rewriter backend runs the original graph: {err}", stacklevel=2)
         return gm.forward
-    return _compiled(model, exported)
+    return _compiled(model, exported, budget)
+
+
+def _backend_budget(options: dict | None) -> dict:
+    """The search budget: ``BACKEND_OPTIONS`` with the user's options over them; a misspelt
+    option is an error, not a silently default search."""
+    unknown = sorted(set(options or ()) - set(BACKEND_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"torch.compile options {unknown} are not the rewriter backend's; it takes {sorted(BACKEND_OPTIONS)}"
+        )
+    return {**BACKEND_OPTIONS, **(options or {})}
 
 
 def _check_static(gm) -> None:
@@ -907,14 +921,14 @@ def _check_static(gm) -> None:
             _static_shape(value, f"graph input {node.name!r}")
 
 
-def _compiled(model: Model, exported) -> Callable:
+def _compiled(model: Model, exported, budget: dict) -> Callable:
     """A callable with the graph's signature that runs the program and returns torch tensors in
     the graph's output structure, dtypes and device."""
     torch = _import_torch()
     results = exported.graph.output_node().args[0]
     dtypes = [fx.meta["val"].dtype for fx in results]
     out_spec = exported.call_spec.out_spec
-    optimized = _optimized(model)
+    optimized = optimize_program(model.program, model.weights, **budget)
 
     def run(*args):
         outputs = _run_program(optimized, model, [_numpy(a) for a in args])
@@ -927,16 +941,8 @@ def _compiled(model: Model, exported) -> Callable:
     return run
 
 
-# How hard the torch.compile backend searches each subprogram of a graph.
-BACKEND_MAX_DEPTH = 2
-BACKEND_SUBPROGRAM_SECONDS = 10.0
-
-
-def _optimized(model: Model):
-    """The graph's program derived, compiled and verified subprogram by subprogram."""
-    return optimize_program(
-        model.program, model.weights, max_depth=BACKEND_MAX_DEPTH, subprogram_time_limit=BACKEND_SUBPROGRAM_SECONDS
-    )
+# How hard the torch.compile backend searches each subprogram of a graph, unless its options say.
+BACKEND_OPTIONS = {"max_depth": 2, "subprogram_time_limit": 10.0}
 
 
 def _run_program(optimized, model: Model, inputs: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
