@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from rewriter import evaluate, parse_program
-from rewriter.pipeline import load_optimized, optimize_program
+from rewriter.ir import tensor_shapes
+from rewriter.pipeline import fold_weights, load_optimized, optimize_program
 
 
 def test_activations_fuse_and_equal_subprograms_are_searched_once_with_their_own_weights(tmp_path, monkeypatch):
@@ -33,6 +34,36 @@ def test_activations_fuse_and_equal_subprograms_are_searched_once_with_their_own
     optimized.save(tmp_path / "saved")
     np.testing.assert_allclose(load_optimized(tmp_path / "saved")(X=x), want, rtol=1e-4, atol=1e-4)
     assert not (tmp_path / "saved.partial").exists()
+
+
+def test_definitions_of_weights_alone_are_evaluated_once_and_read_as_weights(tmp_path, monkeypatch):
+    """An exporter's Identity of a bias and a transposed weight: evaluated at optimize time, so
+    the optimized program computes neither on a run; a definition that reads an input, or is an
+    output, stays."""
+    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "cache"))
+    shapes = {"X": (6, 5), "W": (4, 5), "B": (4,)}
+    program = parse_program(
+        "C = L j:4 ; B[j]\n"
+        "T = L k:5, j:4 ; W[j, k] * 2\n"
+        "Y = L i:6, j:4 ; S k:5 ; X[i, k] * T[k, j]\n"
+        "Z = L i:6, j:4 ; Y[i, j] + C[j]\n"
+        "return Z",
+        shapes,
+    )
+    rng = np.random.default_rng(0)
+    weights = {"W": rng.standard_normal((4, 5)).astype(np.float32), "B": rng.standard_normal(4).astype(np.float32)}
+    folded, values = fold_weights(program, weights)
+    assert [name for name, _ in folded.definitions] == ["Y", "Z"]
+    np.testing.assert_array_equal(values["C"], weights["B"])
+    np.testing.assert_allclose(values["T"], 2 * weights["W"].T)
+    assert values["T"].dtype == np.float32
+    optimized = optimize_program(program, weights, max_depth=1)
+    assert optimized.inputs == {"X": (6, 5)}
+    assert [sub.name for sub in optimized.subprograms] == ["Z"]  # T, Y and C: no subprograms of their own
+    per_run = [step.kernel.expr for step in optimized.program.steps if not step.kernel.weight_only]
+    assert not {"W", "B"} & {name for expr in per_run for name in tensor_shapes(expr)}  # not 2 * W on every run
+    x = rng.standard_normal((6, 5))
+    np.testing.assert_allclose(optimized(X=x), evaluate(program, {"X": x, **weights}), rtol=1e-4, atol=1e-4)
 
 
 def test_ctrl_c_keeps_what_was_derived_and_runs_the_rest_as_written(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ from .derive import Derivation, derive
 from .program import (
     OptimizedProgram,
     Subprogram,
+    fold_weights,
     fuse_elementwise,
     load_optimized,
     merge_parallel,
@@ -19,6 +20,7 @@ __all__ = [
     "OptimizedProgram",
     "Subprogram",
     "derive",
+    "fold_weights",
     "fuse_elementwise",
     "load_optimized",
     "merge_parallel",

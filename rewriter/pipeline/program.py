@@ -38,6 +38,7 @@ from codegen.program import load
 from rewriter.ir import Definition, ExpressionError, Opaque, Program, Scope, parse, rename_tensors, tensor_shapes
 from rewriter.lower import Candidate, Kernel, absorbs, instantiate, is_view
 from rewriter.search import eager_closure, fingerprint, registered
+from rewriter.semantics import evaluate
 
 from .derive import derive
 
@@ -187,6 +188,25 @@ def load_optimized(directory: str | Path) -> OptimizedProgram:
     return OptimizedProgram(inputs, tuple(meta["outputs"]), subprograms, load(directory / "program"), orchestration)
 
 
+def fold_weights(program: Program, weights: Mapping[str, np.ndarray]) -> tuple[Program, dict[str, np.ndarray]]:
+    """Compile-time evaluation (OLLIE 5.4) across the program: a definition that reads only
+    weights (an exporter's Identity of an initializer, a weight transposed or scaled), and is
+    no output, is evaluated once by the reference semantics and becomes a weight itself. The
+    definitions that read it then read a weight: bound and laid out once, where as a tensor of
+    its own subprogram it would be computed again on every run. Returns the program without
+    those definitions, and the weights with their values."""
+    folded, kept = dict(weights), []
+    for name, expr in program.definitions:
+        reads = tensor_shapes(expr)
+        if isinstance(expr, Scope) and name not in program.outputs and set(reads) <= set(folded):
+            values = {n: folded[n] for n in reads}
+            dtype = np.result_type(*values.values()) if values else np.float32
+            folded[name] = evaluate(expr, values).astype(dtype)
+        else:
+            kept.append((name, expr))
+    return Program(tuple(kept), program.outputs), folded
+
+
 def merge_parallel(program: Program, cost: Callable[[Scope], float]) -> Program:
     """Merge parallel definitions with the inter-expression rules (OLLIE 4.1, Figure 5): a
     variant that computes n definitions by one new batched definition and reads them back as
@@ -287,7 +307,8 @@ def optimize_program(
     orchestration: str = "blp",
     on_subprogram: Callable[[Subprogram, int, int], None] | None = None,
 ) -> OptimizedProgram:
-    """OLLIE Algorithm 1. Merge parallel definitions where that measures faster
+    """OLLIE Algorithm 1. Evaluate the definitions that read only weights (``fold_weights``),
+    merge parallel definitions where that measures faster
     (``merge_parallel``), fuse element-wise definitions and unfolding views into their
     neighbours (``fuse_elementwise``), derive every definition of ``program`` (``weights``: the
     constant inputs, bound into the compiled programs), deduplicated, stitch the best programs
@@ -309,6 +330,7 @@ def optimize_program(
         )
     deadline = None if time_limit is None else time.perf_counter() + time_limit
     interrupted = False
+    program, weights = fold_weights(program, weights)
     try:
         program = merge_parallel(program, lambda expr: _measured_cost(expr, weights, backend))
     except KeyboardInterrupt:  # Ctrl-C: nothing merged; every subprogram runs as written
