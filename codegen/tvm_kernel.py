@@ -583,10 +583,24 @@ def _read_axis(stage: _Stage) -> int | None:
         (
             k
             for k, name in enumerate(stage.traversal[:-1])
-            if any(_stride(name, ix, shape) == 1 for ix, shape in gathering)
+            if any(_runs_along(name, ix, shape) for ix, shape in gathering)
         ),
         None,
     )
+
+
+def _runs_along(name: str, indices, shape) -> bool:
+    """Whether a read runs contiguously along ``name``: stride 1, or ``name`` split by a
+    constant, ``[.., name / c, name % c]`` (a flattened image read back as rows of an NCHW
+    tensor: Segformer's tokens), which runs along ``name`` for ``c`` elements at a time."""
+    if _stride(name, indices, shape) == 1:
+        return True
+    *outer, last = indices
+    match last:
+        case IndexOp("%", Var(n), Lit(c)) if n == name and c > 1:
+            split = IndexOp("/", Var(name), Lit(c))
+            return all(ix == split or name not in index_vars(ix) for ix in outer)
+    return False
 
 
 def _tile_rows(params: Schedule, native: int) -> int:

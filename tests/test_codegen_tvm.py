@@ -133,7 +133,11 @@ def test_tvm_runs_one_thread_per_physical_core():
 
 @pytest.mark.parametrize(
     "text, shape",
-    [("L h:7, w:20, n:3, c:16 ; X[n, c, h, w]", (3, 16, 7, 20)), ("L w:9, c:24 ; 2 * X[c, w] + X[c, 8-w]", (24, 9))],
+    [
+        ("L h:7, w:20, n:3, c:16 ; X[n, c, h, w]", (3, 16, 7, 20)),
+        ("L w:9, c:24 ; 2 * X[c, w] + X[c, 8-w]", (24, 9)),
+        ("L t:48, c:16 ; X[0, c, t/8, t%8] * 2", (1, 16, 6, 8)),  # an NCHW image read as tokens
+    ],
 )
 def test_transpositions_are_blocked_along_the_rows_they_read(text, shape):
     """A layout eOperator whose lanes gather is blocked: rows of the loop its reads run along
