@@ -57,6 +57,8 @@ def test_definitions_of_weights_alone_are_evaluated_once_and_read_as_weights(tmp
     np.testing.assert_array_equal(values["C"], weights["B"])
     np.testing.assert_allclose(values["T"], 2 * weights["W"].T)
     assert values["T"].dtype == np.float32
+    output_of_weights = parse_program("C = L j:4 ; B[j]\nreturn C", {"B": (4,)})
+    assert fold_weights(output_of_weights, weights)[0] == output_of_weights  # an output is computed
     optimized = optimize_program(program, weights, max_depth=1)
     assert optimized.inputs == {"X": (6, 5)}
     assert [sub.name for sub in optimized.subprograms] == ["Z"]  # T, Y and C: no subprograms of their own
