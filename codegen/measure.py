@@ -89,16 +89,19 @@ class Timing:
 # Device and signatures
 
 
-#: The thread pools' idle settings (``rewriter/_threads.py`` sets them): a pool left spinning
-#: slows the next library's calls, so timings hold only under the settings they were taken with.
-IDLE_VARIABLES = ("OPENBLAS_THREAD_TIMEOUT", "TVM_THREAD_POOL_SPIN_COUNT")
+#: The native libraries' settings: the thread pools' idle policy (``rewriter/_threads.py`` sets
+#: it: a pool left spinning slows the next library's calls) and the kernels OpenBLAS takes where
+#: the environment names them (its AVX2 ones run float32 GEMMs at about half the speed of its
+#: AVX-512 ones on a CPU that has both), so timings hold only under the settings they were taken
+#: with.
+LIBRARY_VARIABLES = ("OPENBLAS_THREAD_TIMEOUT", "OPENBLAS_CORETYPE", "TVM_THREAD_POOL_SPIN_COUNT")
 
 
 @lru_cache(maxsize=1)
 def device_id() -> str:
     """Name the machine a CPU timing is valid for: CPU model, architecture, cores, numpy's BLAS,
-    and the thread pools' idle policy (``rewriter._threads``: a pool left spinning slows the
-    next library's calls).
+    and the native libraries' settings (``LIBRARY_VARIABLES``: the thread pools' idle policy,
+    OpenBLAS's kernels).
 
     Timings move when any of these change (OpenBLAS picks its kernels by CPU model), and none of
     them change between runs on the same machine, so the string keys the database across runs.
@@ -107,7 +110,7 @@ def device_id() -> str:
     blas = _numpy_blas()
     if blas:
         parts.append(blas)
-    parts.append(" ".join(f"{name}={os.environ.get(name, '')}" for name in IDLE_VARIABLES))
+    parts.append(" ".join(f"{name}={os.environ.get(name, '')}" for name in LIBRARY_VARIABLES))
     return " | ".join(parts)
 
 
@@ -124,16 +127,22 @@ def last_level_cache() -> int:
 
 
 def _cpu_model() -> str:
-    """The CPU's marketing name from /proc/cpuinfo where there is one, else what platform says."""
+    """The CPU's marketing name from /proc/cpuinfo where there is one, with its family and model
+    numbers (a virtual machine may name a Zen 4 and a Zen 5 alike, "AMD EPYC"), else what
+    platform says."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model", "cpu model") and value.strip():
-                    return value.strip()
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or "unknown cpu"
+    name = next((fields[k] for k in ("model name", "Model", "cpu model") if fields.get(k)), "")
+    if not name:
+        return platform.processor() or "unknown cpu"
+    numbers = [f"{k} {fields[k]}" for k in ("cpu family", "model") if fields.get(k)]
+    return f"{name} ({', '.join(numbers)})" if numbers else name
 
 
 def _numpy_blas() -> str:

@@ -130,6 +130,7 @@ def test_signature_is_stable_and_unambiguous():
 def test_device_id_is_a_stable_description():
     assert device_id() == device_id()
     assert f"{os.cpu_count()} cores" in device_id()
+    assert "OPENBLAS_CORETYPE=" in device_id()  # the environment may pick OpenBLAS's kernels: they set its speed
 
 
 # --- the database -------------------------------------------------------------------------------
