@@ -8,6 +8,8 @@ a ``CompiledProgram``:
   "blas" (Matmul / BatchMatmul: numpy's BLAS on strided views of the operands, in place, by
   the strides the iterator mapping table found), "packed" (Matmul / BatchMatmul whose right
   operand is a weight: TVM over the weight laid out in panels once, ``codegen.packed``),
+  "transposed" (Matmul whose left operand is a weight: the product computed transposed, with
+  lanes along the weight's rows, over the weight laid out k-major once, ``codegen.packed``),
   "im2col" (a convolution as im2col + batched BLAS, ``codegen.im2col``), "panels" (a
   convolution whose weight is a weight: TVM directly over the weight laid out in panels of
   output channels once, ``codegen.panels``), "band" (a band matmul
@@ -42,7 +44,7 @@ from rewriter.semantics import run_opaque
 from .band import band_call
 from .im2col import im2col_call
 from .measure import MeasurementDB, last_level_cache, signature, time_callable, time_in_turns
-from .packed import packed_call
+from .packed import packed_call, transposed_call
 from .panels import panels_call
 from .tvm_kernel import (
     CODEGEN_VERSION,
@@ -85,6 +87,7 @@ def _opaque_call(kernel: Kernel, dtype: str):
 LIBRARY_CALLS = {
     "blas": _blas_call,
     "packed": packed_call,
+    "transposed": transposed_call,
     "im2col": im2col_call,
     "panels": panels_call,
     "band": band_call,
@@ -108,7 +111,7 @@ class Step:
         change to the lowering must not reuse the old code's timings)."""
         shapes = sorted(tensor_shapes(self.kernel.expr).items())
         schedule = self.compiled.schedule if self.compiled else None
-        version = CODEGEN_VERSION if self.impl in ("tvm", "packed", "panels") else None
+        version = CODEGEN_VERSION if self.impl in ("tvm", "packed", "transposed", "panels") else None
         cold = "weights cold" if self.kernel.weights else None  # how ``_timing_call`` times it
         return signature(
             "kernel", self.impl, self.kernel.kind, self.kernel.expr, shapes, dtype, schedule, version, cold

@@ -118,7 +118,7 @@ def test_derive_races_the_identity_and_picks_the_fastest_by_the_latest_measureme
 def test_matmul_reads_strided_operands_in_place_through_blas():
     expr = matmul((6, 5), (5, 4))
     (kernel,) = instantiate(expr).kernels
-    assert implementations(kernel) == ("blas", "tvm", "packed")  # raced by measurement
+    assert implementations(kernel) == ("blas", "tvm", "packed", "transposed")  # raced by measurement
     program = CompiledProgram([_step(kernel, "blas", "float32")], {"A": (6, 5), "B": (5, 4)})
     inputs = random_inputs(expr, 3)
     _close(program(**inputs), inputs["A"] @ inputs["B"], 1e-5)
@@ -362,6 +362,49 @@ def test_a_matmul_reading_no_weight_has_no_packed_implementation():
     assert packed_call(kernel, "float32") is None
 
 
+# A matmul over one weight, computed with the weight's rows innermost (an NCHW 1x1 convolution:
+# codegen.packed's transposed_call), in whichever order the matcher put the operands
+
+TRANSPOSED_CASES = [
+    ("L f:32, n:50 ; S k:24 ; W[f, k] * X[k, n]", {"W": (32, 24), "X": (24, 50)}),  # n no multiple of a vector
+    ("L f:20, h:3, w:5 ; S c:8 ; W[f, c] * X[c, h, w]", {"W": (20, 8), "X": (8, 3, 5)}),  # f past a vector
+    (
+        "L n:1, f:16, h:4, w:4 ; S c:8, r:1, s:1 ; X[n, c, h+r, s+w] * W[f, c, r, s]",
+        {"X": (1, 8, 4, 4), "W": (16, 8, 1, 1)},
+    ),
+    ("L f:16, n:12 ; S k:8 ; W[k, f] * X[n, k]", {"W": (8, 16), "X": (12, 8)}),  # both read transposed
+    ("L n:12, f:16 ; S k:8 ; W[f, k] * X[k, n]", {"W": (16, 8), "X": (8, 12)}),  # C runs along f: no transposition
+    ("L m:6, n:20 ; S k:8 ; X[m, k] * W[k, n]", {"X": (6, 8), "W": (8, 20)}),  # a linear layer: likewise
+]
+
+
+@pytest.mark.parametrize("text, shapes", TRANSPOSED_CASES)
+def test_a_matmul_over_a_weight_runs_transposed_over_the_weight_laid_out_once(text, shapes):
+    from codegen.packed import transposed_call
+    from rewriter import parse
+    from rewriter.lower import postprocess
+
+    expr = parse(text, shapes)
+    (kernel,) = postprocess(instantiate(expr), weights=("W",)).kernels
+    assert kernel.kind == "matmul"
+    assert transposed_call(kernel, "float32") is not None
+    inputs = random_inputs(expr, 7)
+    bound = CompiledProgram([_step(kernel, "transposed", "float32")], {"X": shapes["X"]}).bind({"W": inputs["W"]})
+    assert set(bound.prepared) == {"W.kmajor"}  # laid out at bind, not on every run
+    _close(bound(X=inputs["X"]), evaluate(expr, inputs), 1e-5)
+    unbound = CompiledProgram([_step(kernel, "transposed", "float32")], dict(shapes))
+    _close(unbound(**inputs), evaluate(expr, inputs), 1e-5)  # W given per call: laid out per call
+
+
+def test_a_matmul_over_no_weight_or_two_does_not_run_transposed():
+    from codegen.packed import transposed_call
+    from rewriter.lower import postprocess
+
+    for weights in ((), ("A", "B")):
+        (kernel,) = postprocess(instantiate(matmul((6, 5), (5, 4))), weights=weights).kernels
+        assert transposed_call(kernel, "float32") is None
+
+
 def test_packed_weights_are_laid_out_again_after_stitching_saving_and_loading(tmp_path):
     """Each part's panels are named after its own weight: stitched parts over positional names
     get the model's names, and a saved program lays its weights out again when loaded."""
@@ -422,7 +465,7 @@ def test_the_in_place_race_keeps_the_implementation_that_is_fastest_where_the_pr
 
     expr = matmul((16, 64), (64, 48))
     (kernel,) = postprocess(instantiate(expr), weights=("B",)).kernels
-    assert set(implementations(kernel)) == {"blas", "tvm", "packed"}
+    assert set(implementations(kernel)) == {"blas", "tvm", "packed", "transposed"}
     slow = program_module.LIBRARY_CALLS["blas"]
 
     def slowed(kernel, dtype):  # BLAS, 2 ms late: the race must not keep it
