@@ -482,7 +482,7 @@ def test_the_in_place_race_keeps_the_implementation_that_is_fastest_where_the_pr
     start = CompiledProgram([_step(kernel, "blas", "float32")], {"A": (16, 64), "B": (64, 48)}).bind({"B": inputs["B"]})
     raced = race_in_place(start, rounds=3)
     (step,) = raced.steps
-    assert step.impl in ("tvm", "packed") and step.seconds > 0  # not the BLAS step it started from
+    assert step.impl in ("tvm", "packed", "transposed") and step.seconds > 0  # not the BLAS step it started from
     _close(raced(A=inputs["A"]), evaluate(expr, inputs), 1e-5)
 
 

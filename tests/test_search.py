@@ -150,7 +150,9 @@ def test_a_process_that_froze_objects_itself_keeps_its_freeze():
     frozen = gc.get_freeze_count()
     try:
         explore(conv(), max_depth=3, use_egraph=False)
-        assert gc.get_freeze_count() == frozen  # the search neither froze more nor unfroze it
+        # the search neither froze more (its thousands of objects) nor unfroze it (all or nothing);
+        # a frozen object that dies meanwhile leaves the count, so it may fall a little
+        assert 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 
