@@ -125,6 +125,17 @@ def test_a_products_register_tile_runs_along_the_rows_that_share_the_weight():
     assert_matches(expr, random_inputs(expr, 2), dtype="float32", schedule=Schedule(tile=8))
 
 
+@pytest.mark.parametrize("n, wide", [(256, True), (48, False)])
+def test_a_products_tile_rows_are_two_vectors_wide_where_an_even_number_of_vectors_is_left(n, wide):
+    """One broadcast read of A feeds two vectors of each row (16 and 3 vectors of 16 lanes along
+    n here); ``Schedule(width=1)`` keeps one."""
+    expr = parse(f"L m:32, n:{n} ; S k:64 ; A[m, k] * B[k, n]", {"A": (32, 64), "B": (64, n)})
+    two = "for n_0_1 in T.unroll(2)"
+    assert (two in compile_scope(expr, dtype="float32").listing()) == wide
+    assert two not in compile_scope(expr, dtype="float32", schedule=Schedule(width=1)).listing()
+    assert_matches(expr, random_inputs(expr, 4), dtype="float32")
+
+
 def test_tvm_runs_one_thread_per_physical_core():
     compile_scope(parse("L i:4 ; X[i]", {"X": (4,)}))  # TVM is loaded on first use
     assert 1 <= physical_cores() <= os.cpu_count()
