@@ -29,6 +29,11 @@ product, weights cold: enough copies to overflow the L3 cache, in turn), M x K @
     197x3072 @ 768   5.00   4.66  4.58               4.69
     =============== ====== ===== ================== ==============
 
+A panel is two vectors wide (32 columns of float32), so each row of the register tile is two
+vectors sharing one broadcast read of T. Against one-vector panels, on a later machine (AMD Zen 5,
+``bench/products_vs_mlas.py``, weights cold, ms): 197x3072 @ 768 2.76 to 2.22 (onnxruntime 2.10),
+197x768 @ 3072 2.77 to 2.16 (2.10), 32x3072 @ 768 0.51 to 0.46 (0.57).
+
 Which implementation wins depends on the shape, so they are raced.
 
 ``packed_call(kernel, dtype)`` returns the call, or None where B is not a weight. The call's
@@ -47,7 +52,7 @@ from rewriter.lower import GemmMatch, Kernel, operand_view
 
 from .tvm_kernel import TvmKernel, aligned_empty, compile_scope, is_aligned
 
-PANEL = 16  # columns per panel: one AVX-512 vector of float32
+PANEL = 32  # columns per panel: two AVX-512 vectors of float32 (a register tile row two vectors wide)
 ROWS = 8  # A's rows are padded to a multiple of this (the register tile needs whole tiles)
 
 
