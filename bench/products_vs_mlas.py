@@ -3,7 +3,7 @@
     python3 bench/products_vs_mlas.py [--shapes 32x3072x768,32x768x3072,...] [--convs 64x56,128x28,...]
 
 For each ``M x K @ K x N`` product with a weight on the right (a transformer's linear layer),
-every implementation the Matmul record lists for the CPU ("blas", "tvm", "packed"), and for
+every implementation the Matmul record lists for the CPU ("blas", "tvm", "packed", "transposed"), and for
 each ``C x H`` 3x3 convolution (C -> C channels, H x H, padding 1, NCHW: ResNet-50's), every
 implementation the Conv2d record lists ("im2col", "tvm", "panels"), is timed as the optimizer
 times it (``codegen.program._timing_call``: the weight cold, in turn over copies that overflow
