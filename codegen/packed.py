@@ -151,7 +151,7 @@ def _transposition(a_batch: int, m: int, k: int, rows: int, dtype: str) -> TvmKe
 
 
 # --------------------------------------------------------------------------------------------
-# A weight on the left: C = W @ X computed transposed, C^T = X^T @ W^T, lanes along W's rows
+# One operand a weight: the product computed with the weight's rows innermost (lanes along them)
 
 
 def kmajor_name(tensor: str) -> str:
@@ -170,8 +170,9 @@ def transposed_call(kernel: Kernel, dtype: str):
     with lanes along f (a multiple of the vector in a model's convolutions, where the n of a
     14x14 or 7x7 image, 196 or 49, is not), and transposed into C by a small TVM kernel. Measured
     here (AMD EPYC, 2 cores, float32, ms; f x k x n), ResNet-50's 1x1 convolutions: 1024x256x196
-    BLAS 0.48, the scope as it is (lanes along n) 0.85, this 0.37; 256x1024x196 0.51, 0.89 and
-    0.36; at n = 49 and n = 3136 the others stay ahead. Raced with them."""
+    BLAS 0.48, the scope as it is (lanes along n) 0.85, this 0.37 (0.24 with the register tile's
+    rows two vectors wide, ``tvm_kernel._tile_width``); 256x1024x196 0.51, 0.89 and 0.36; at
+    n = 3136 the others stay ahead. Raced with them."""
     match = kernel.match
     if not isinstance(match, GemmMatch) or match.batches != 1 or match.a.tensor == match.b.tensor:
         return None

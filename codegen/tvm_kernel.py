@@ -615,8 +615,8 @@ def _tile_rows(params: Schedule, native: int, width: int = 1) -> int:
 
 
 def _tile_width(params: Schedule, native: int, vectors: int) -> int:
-    """Vectors per row of the register tile, of ``vectors`` along the lanes' loop. Two rows of
-    lanes share one broadcast read, so the loads per multiply-add fall from 17/16 to 16/28
+    """Vectors per row of the register tile, of ``vectors`` along the lanes' loop. A row's two
+    vectors share one broadcast read, so the loads per multiply-add fall from 17/16 to 16/28
     (measured here, AVX-512: an NCHW 1x1 convolution computed transposed, 1024x256x196, 0.29 ms
     with one vector per row, 0.24 with two; 2048x512x49 0.55 and 0.35; a product whose lanes'
     loop is one vector is left as it was)."""

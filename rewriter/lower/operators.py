@@ -281,8 +281,8 @@ def band_constraints(operator: Operator, filled: Filled) -> BandMatch | None:
 # The records (Table 2)
 
 # BLAS; the scope compiled by TVM (faster for few rows); TVM over the weight laid out once: in
-# panels where the right operand is a weight, k-major with the product transposed where the left
-# one is (codegen.packed); raced by measurement
+# panels where the right operand is a weight, and k-major with lanes along the weight's rows
+# where either one is (codegen.packed); raced by measurement
 CPU_GEMM = {"cpu": ("blas", "tvm", "packed", "transposed")}
 
 MATMUL = Operator(
