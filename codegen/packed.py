@@ -172,17 +172,23 @@ def transposed_call(kernel: Kernel, dtype: str):
     here (AMD EPYC, 2 cores, float32, ms; f x k x n), ResNet-50's 1x1 convolutions: 1024x256x196
     BLAS 0.48, the scope as it is (lanes along n) 0.85, this 0.37 (0.24 with the register tile's
     rows two vectors wide, ``tvm_kernel._tile_width``); 256x1024x196 0.51, 0.89 and 0.36; at
-    n = 3136 the others stay ahead. Raced with them."""
+    n = 3136 the others stay ahead. Raced with them. Where the output runs along f (a linear
+    layer's), TVM's scope already has its lanes there: None."""
     match = kernel.match
     if not isinstance(match, GemmMatch) or match.batches != 1 or match.a.tensor == match.b.tensor:
         return None
     weights = [name for name, operand in (("a", match.a), ("b", match.b)) if operand.tensor in kernel.weights]
-    return _Transposed(match, np.dtype(dtype), weights[0]) if len(weights) == 1 else None
+    if len(weights) != 1:
+        return None
+    rows, cols = match.out_strides[1:]  # C[m, n]'s; the other operand's free index is n or m
+    along_other = cols == 1 if weights[0] == "a" else rows == 1
+    return _Transposed(match, np.dtype(dtype), weights[0]) if along_other else None
 
 
 class _Transposed:
     """The call; its buffers (the other operand contiguous where its view is not, D) are
-    allocated once."""
+    allocated once. D is transposed into the output by a TVM kernel where the output is whole
+    (``C[f, n]`` row-major), else copied through the output's strides."""
 
     def __init__(self, match: GemmMatch, dtype: np.dtype, weight: str):
         self.match, self.dtype, self.weight = match, dtype, weight
@@ -225,12 +231,8 @@ class _Transposed:
         if not (x.flags.c_contiguous and is_aligned(x)):
             self.x_buffer[...] = x
             x = self.x_buffer
-        whole = out.size == self.f * self.x and is_aligned(out)
-        if whole and self.d_strides == (self.f, 1):  # the output runs along f: D is C
-            self.product.run({"X": x, "U": u}, out.reshape(self.x, self.f))
-            return
         self.product.run({"X": x, "U": u}, self.d_buffer)
-        if whole and self.transpose is not None:
+        if out.size == self.f * self.x and is_aligned(out) and self.transpose is not None:
             self.transpose.run({"D": self.d_buffer}, out.reshape(self.f, self.x))
             return
         target = np.lib.stride_tricks.as_strided(

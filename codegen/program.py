@@ -8,8 +8,9 @@ a ``CompiledProgram``:
   "blas" (Matmul / BatchMatmul: numpy's BLAS on strided views of the operands, in place, by
   the strides the iterator mapping table found), "packed" (Matmul / BatchMatmul whose right
   operand is a weight: TVM over the weight laid out in panels once, ``codegen.packed``),
-  "transposed" (Matmul over one weight: the product computed with lanes along the weight's
-  rows, over the weight laid out k-major once, then transposed into the output, ``codegen.packed``),
+  "transposed" (Matmul over one weight whose output runs along the other operand: the product
+  computed with lanes along the weight's rows, over the weight laid out k-major once, then
+  transposed into the output, ``codegen.packed``),
   "im2col" (a convolution as im2col + batched BLAS, ``codegen.im2col``), "panels" (a
   convolution whose weight is a weight: TVM directly over the weight laid out in panels of
   output channels once, ``codegen.panels``), "band" (a band matmul
