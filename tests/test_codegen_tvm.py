@@ -128,12 +128,13 @@ def test_a_products_register_tile_runs_along_the_rows_that_share_the_weight():
 @pytest.mark.parametrize("n, wide", [(256, True), (48, False)])
 def test_a_products_tile_rows_are_two_vectors_wide_where_an_even_number_of_vectors_is_left(n, wide):
     """One broadcast read of A feeds two vectors of each row (16 and 3 vectors of 16 lanes along
-    n here); ``Schedule(width=1)`` keeps one."""
+    n here); ``Schedule(width=1)`` keeps one. (The default is two where the CPU's vectors hold 16
+    lanes, so the widths are pinned here.)"""
     expr = parse(f"L m:32, n:{n} ; S k:64 ; A[m, k] * B[k, n]", {"A": (32, 64), "B": (64, n)})
-    two = "for n_0_1 in T.unroll(2)"
-    assert (two in compile_scope(expr, dtype="float32").listing()) == wide
-    assert two not in compile_scope(expr, dtype="float32", schedule=Schedule(width=1)).listing()
-    assert_matches(expr, random_inputs(expr, 4), dtype="float32")
+    two, wide_schedule = "for n_0_1 in T.unroll(2)", Schedule(vector=16, width=2)
+    assert (two in compile_scope(expr, dtype="float32", schedule=wide_schedule).listing()) == wide
+    assert two not in compile_scope(expr, dtype="float32", schedule=Schedule(vector=16, width=1)).listing()
+    assert_matches(expr, random_inputs(expr, 4), dtype="float32", schedule=wide_schedule)
 
 
 def test_tvm_runs_one_thread_per_physical_core():
