@@ -219,6 +219,37 @@ def test_a_depthwise_convolution_pads_each_channel_inside_its_parallel_loop():
         assert_matches(expr, random_inputs(expr, 5), dtype="float32")
 
 
+STRIDED = [  # (expression, shapes, the deinterleaved copy's shape, or None: read as it is)
+    ("L f:6, h:5, w:5 ; S r:3, s:3 ; X[f, 2*h+r, s+2*w] * W[f, r, s]", (6, 11, 11), (6, 3, 3), "(6, 11, 2, 6)"),
+    (
+        "L f:4, h:4, w:4 ; S c:3, r:3, s:3 ; X[c, 2*h+r-1, 2*w+s-1] * W[f, c, r, s]",
+        (3, 8, 8),
+        (4, 3, 3, 3),
+        "(3, 9, 2, 5)",
+    ),
+    (
+        "L f:2, h:3, w:5 ; S c:2, r:3, s:3 ; X[c, 3*h+r-1, 3*w+s-2] * W[f, c, r, s]",
+        (2, 9, 14),
+        (2, 2, 3, 3),
+        "(2, 10, 3, 6)",
+    ),
+    ("L f:4, h:4, w:4 ; S r:3, s:3 ; X[f, 2*w+s, h+r] * W[f, r, s]", (4, 10, 6), (4, 3, 3), None),  # lanes step rows
+    ("L c:3, h:4, w:5 ; X[c, 2*h, 2*w]", (3, 8, 10), None, None),  # a strided slice reads each element once
+]
+
+
+@pytest.mark.parametrize("text, x, w, copy", STRIDED)
+def test_a_strided_convolution_reads_its_input_through_a_deinterleaved_copy(text, x, w, copy):
+    """Lanes of a stride-k convolution would read k apart; the input is copied once with its
+    last dimension split into k phases, ``copy[.., p, j] = X[.., k*j + p]`` (zero past the end,
+    with the padding the reads need), and every tap reads it contiguously."""
+    expr = parse(text, {"X": x, **({"W": w} if w else {})})
+    listing = compile_scope(expr, dtype="float32").listing()
+    assert (f"T.sblock_alloc_buffer({copy}" in listing) if copy else ("T.sblock_alloc_buffer" not in listing)
+    for schedule in [Schedule(), Schedule(pad=False), Schedule(reduction_vector=True), Schedule(vector=4)]:
+        assert_matches(expr, random_inputs(expr, 7), dtype="float32", schedule=schedule)
+
+
 def test_a_padded_copy_read_through_a_division_compiles():
     """Segformer's depthwise convolution over merged channel-rows: inside the parallel loop the
     padded slice would vary in size, so the copy stays apart."""
