@@ -155,25 +155,28 @@ def _transposition(a_batch: int, m: int, k: int, rows: int, dtype: str) -> TvmKe
 
 
 def kmajor_name(tensor: str) -> str:
-    """The constant holding ``tensor`` k-major (``W^T``)."""
+    """The constant holding ``tensor`` k-major in panels (``U[fo, k, fi]``)."""
     return f"{tensor}.kmajor"
 
 
 def transposed_call(kernel: Kernel, dtype: str):
     """``(values, out) -> None`` for the matmul ``kernel`` with one operand a weight whose output
     runs along the other operand (an NCHW 1x1 convolution: ``C[f, n] = W[f, :] @ X[:, n]``, in
-    either order the matcher found), or None. The weight is laid out once k-major, ``U[k, f]``,
-    the product computed with the weight's rows innermost,
+    either order the matcher found), or None. The weight is laid out once k-major in panels of
+    ``PANEL`` rows (one panel where ``PANEL`` does not divide them), ``U[fo, k, fi] =
+    W[PANEL*fo + fi, k]``, the product computed with the weight's rows innermost,
 
-        D[n, f] = S k ; X[k, n] * U[k, f]        (or X[n, k], as the other operand lies)
+        D[fo, n, fi] = S k ; X[k, n] * U[fo, k, fi]        (or X[n, k], as the other operand lies)
 
-    with lanes along f (a multiple of the vector in a model's convolutions, where the n of a
+    with lanes along fi (a multiple of the vector in a model's convolutions, where the n of a
     14x14 or 7x7 image, 196 or 49, is not), and transposed into C by a small TVM kernel. Measured
     here (AMD EPYC, 2 cores, float32, ms; f x k x n), ResNet-50's 1x1 convolutions: 1024x256x196
     BLAS 0.48, the scope as it is (lanes along n) 0.85, this 0.37 (0.24 with the register tile's
     rows two vectors wide, ``tvm_kernel._tile_width``); 256x1024x196 0.51, 0.89 and 0.36; at
-    n = 3136 the others stay ahead. Raced with them. Where the output runs along f (a linear
-    layer's), TVM's scope already has its lanes there: None."""
+    n = 3136 the others stay ahead. The product alone, weights cold, k-major in one piece against
+    panels (each panel's rows one run in memory): 256x1024x196 0.316 and 0.285, 2048x512x49
+    0.401 and 0.304. Raced with the others. Where the output runs along f (a linear layer's),
+    TVM's scope already has its lanes there: None."""
     match = kernel.match
     if not isinstance(match, GemmMatch) or match.batches != 1 or match.a.tensor == match.b.tensor:
         return None
@@ -194,34 +197,42 @@ class _Transposed:
         self.match, self.dtype, self.weight = match, dtype, weight
         _, m, k = match.a.shape
         n = match.b.shape[2]
-        # f: the weight's free extent; x: the other operand's
+        # f: the weight's free extent, in panels of p; x: the other operand's
         self.f, self.x, self.k = (m, n, k) if weight == "a" else (n, m, k)
-        f, x = self.f, self.x
+        f, x, p = self.f, self.x, self.panel
         other = "X[k, n]" if weight == "a" else "X[n, k]"
         x_shape = (k, x) if weight == "a" else (x, k)
-        product = parse(f"L n:{x}, f:{f} ; S k:{k} ; {other} * U[k, f]", {"X": x_shape, "U": (k, f)})
+        product = parse(
+            f"L fo:{f // p}, n:{x}, fi:{p} ; S k:{k} ; {other} * U[fo, k, fi]", {"X": x_shape, "U": (f // p, k, p)}
+        )
         self.product = compile_scope(product, dtype=str(dtype))
         rows, cols = match.out_strides[1:]  # C[m, n]'s strides; D's, along n and f:
         self.d_strides = (cols, rows) if weight == "a" else (rows, cols)
         self.transpose = None  # D into an output that runs along n
         if self.d_strides == (1, x):
-            self.transpose = compile_scope(parse(f"L f:{f}, n:{x} ; D[n, f]", {"D": (x, f)}), dtype=str(dtype))
+            transpose = parse(f"L fo:{f // p}, fi:{p}, n:{x} ; D[fo, n, fi]", {"D": (f // p, x, p)})
+            self.transpose = compile_scope(transpose, dtype=str(dtype))
         self.x_buffer = aligned_empty(x_shape, dtype)
-        self.d_buffer = aligned_empty((x, f), dtype)
+        self.d_buffer = aligned_empty((f // p, x, p), dtype)
+
+    @property
+    def panel(self) -> int:
+        return PANEL if self.f % PANEL == 0 else self.f
 
     @property
     def name(self) -> str:
         return kmajor_name((self.match.a if self.weight == "a" else self.match.b).tensor)
 
     def prepare(self, values: dict) -> dict[str, np.ndarray]:
-        """The weight k-major (none where ``values`` lacks it), to keep with the program's constants."""
+        """The weight in panels (none where ``values`` lacks it), to keep with the program's constants."""
         operand = self.match.a if self.weight == "a" else self.match.b
         if operand.tensor not in values:
             return {}
         view = operand_view(values, operand)[0]
-        kmajor = aligned_empty((self.k, self.f), self.dtype)
-        kmajor[...] = view.T if self.weight == "a" else view
-        return {self.name: kmajor}
+        kmajor = view.T if self.weight == "a" else view  # U[k, f]
+        panels = aligned_empty((self.f // self.panel, self.k, self.panel), self.dtype)
+        panels[...] = kmajor.reshape(self.k, self.f // self.panel, self.panel).transpose(1, 0, 2)
+        return {self.name: panels}
 
     def __call__(self, values: dict, out: np.ndarray) -> None:
         u = values.get(self.name)
@@ -233,9 +244,9 @@ class _Transposed:
             x = self.x_buffer
         self.product.run({"X": x, "U": u}, self.d_buffer)
         if out.size == self.f * self.x and is_aligned(out) and self.transpose is not None:
-            self.transpose.run({"D": self.d_buffer}, out.reshape(self.f, self.x))
+            self.transpose.run({"D": self.d_buffer}, out.reshape(self.f // self.panel, self.panel, self.x))
             return
-        target = np.lib.stride_tricks.as_strided(
-            out.reshape(-1), (self.x, self.f), tuple(s * out.itemsize for s in self.d_strides)
-        )
+        along_n, along_f = (s * out.itemsize for s in self.d_strides)
+        shape = (self.f // self.panel, self.x, self.panel)
+        target = np.lib.stride_tricks.as_strided(out.reshape(-1), shape, (self.panel * along_f, along_n, along_f))
         np.copyto(target, self.d_buffer)

@@ -108,8 +108,8 @@ class Step:
     seconds: float | None = None
 
     def signature(self, dtype: str) -> str:
-        """The measurement key: what runs, and for TVM kernels the code generator's version (a
-        change to the lowering must not reuse the old code's timings)."""
+        """The measurement key: what runs, and for the code this package generates its version
+        (a change to the lowering or to a product's layout must not reuse the old code's timings)."""
         shapes = sorted(tensor_shapes(self.kernel.expr).items())
         schedule = self.compiled.schedule if self.compiled else None
         version = CODEGEN_VERSION if self.impl in ("tvm", "packed", "transposed", "panels") else None

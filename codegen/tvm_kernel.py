@@ -112,9 +112,14 @@ def _one_thread_per_core() -> None:
 tvm = _Deferred("tvm", _one_thread_per_core)
 
 # The source of this module is part of every cache key: a change to the lowering never loads a
-# kernel compiled by the old one (nor reuses its measured times: codegen.program's signatures).
+# kernel compiled by the old one.
 _SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-CODEGEN_VERSION = _SOURCE_HASH[:16]
+# The code generators' version, part of every measured time's key (codegen.program's signatures):
+# every module of this package, whose code makes what a kernel runs (the lowering, the packed and
+# transposed products' layouts, the panels), so a time is reused only by the code it measured.
+CODEGEN_VERSION = hashlib.sha256(
+    b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))
+).hexdigest()[:16]
 _INT32 = 2**31 - 1
 PAD_EVERY = "every"  # lower_to_te's pad: every zero-padded read a padding stage (the GPU schedules)
 

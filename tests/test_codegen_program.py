@@ -373,6 +373,7 @@ TRANSPOSED_CASES = [
         {"X": (1, 8, 4, 4), "W": (16, 8, 1, 1)},
     ),
     ("L f:16, n:12 ; S k:8 ; W[k, f] * X[n, k]", {"W": (8, 16), "X": (12, 8)}),  # both read transposed
+    ("L f:96, h:3, w:5 ; S c:8 ; W[f, c] * X[c, h, w]", {"W": (96, 8), "X": (8, 3, 5)}),  # three panels
 ]
 
 
@@ -392,6 +393,10 @@ def test_a_matmul_over_a_weight_runs_transposed_over_the_weight_laid_out_once(te
     _close(bound(X=inputs["X"]), evaluate(expr, inputs), 1e-5)
     unbound = CompiledProgram([_step(kernel, "transposed", "float32")], dict(shapes))
     _close(unbound(**inputs), evaluate(expr, inputs), 1e-5)  # W given per call: laid out per call
+    size = int(np.prod(kernel.expr.shape))
+    misaligned = np.empty(size + 1, np.float32)[1:].reshape(kernel.expr.shape)  # copied, not transposed
+    transposed_call(kernel, "float32")({n: v.astype(np.float32) for n, v in inputs.items()}, misaligned)
+    _close(misaligned, evaluate(expr, inputs), 1e-5)
 
 
 @pytest.mark.parametrize(
