@@ -250,6 +250,18 @@ def test_a_strided_convolution_reads_its_input_through_a_deinterleaved_copy(text
         assert_matches(expr, random_inputs(expr, 7), dtype="float32", schedule=schedule)
 
 
+def test_a_summing_stage_whose_lanes_no_vector_divides_is_computed_over_whole_vectors_and_tiles():
+    """ViT's attention scores over 197 tokens: one lane. The stage is widened to whole vectors
+    along its lanes (61 to 64) and whole register tiles along the rows sharing the right operand
+    (53 to 56 for 14-row tiles), and the output copied out of it; with one lane, nothing widens."""
+    expr = parse("L b:2, i:53, j:61 ; S k:8 ; Q[b, i, k] * K[b, k, j]", {"Q": (2, 53, 8), "K": (2, 8, 61)})
+    wide, narrow = Schedule(vector=16), Schedule(vector=1)
+    assert "T.sblock_alloc_buffer((2, 56, 64)" in compile_scope(expr, dtype="float32", schedule=wide).listing()
+    assert "T.sblock_alloc_buffer" not in compile_scope(expr, dtype="float32", schedule=narrow).listing()
+    for schedule in (wide, narrow):
+        assert_matches(expr, random_inputs(expr, 8), dtype="float32", schedule=schedule)
+
+
 def test_a_padded_copy_read_through_a_division_compiles():
     """Segformer's depthwise convolution over merged channel-rows: inside the parallel loop the
     padded slice would vary in size, so the copy stays apart."""
