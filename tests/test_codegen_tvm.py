@@ -125,6 +125,17 @@ def test_a_products_register_tile_runs_along_the_rows_that_share_the_weight():
     assert_matches(expr, random_inputs(expr, 2), dtype="float32", schedule=Schedule(tile=8))
 
 
+def test_a_products_tile_rows_share_its_vector_reads_however_large_the_broadcast_operand():
+    """ConvNeXt's pointwise convolutions: the input (3136x96) is larger than the weight (96x384),
+    but along the weight's columns rows would share only the input's broadcast element; the tile
+    runs along the input's rows, each weight vector loaded once for 14 of them."""
+    expr = parse("L i:280, j:64 ; S k:16 ; X[i, k] * W[k, j]", {"X": (280, 16), "W": (16, 64)})
+    schedule = Schedule(vector=16)
+    listing = compile_scope(expr, dtype="float32", schedule=schedule).listing()
+    assert "for i_1 in T.unroll(14)" in listing and "for j_1 in T.vectorized(16)" in listing
+    assert_matches(expr, random_inputs(expr, 2), dtype="float32", schedule=schedule)
+
+
 @pytest.mark.parametrize("n, wide", [(256, True), (48, False)])
 def test_a_products_tile_rows_are_two_vectors_wide_where_an_even_number_of_vectors_is_left(n, wide):
     """One broadcast read of A feeds two vectors of each row (16 and 3 vectors of 16 lanes along
