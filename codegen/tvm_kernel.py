@@ -17,7 +17,9 @@ compiles it with LLVM for the host CPU. The lowering reproduces ``rewriter.seman
   zero-padded copy of the source (a padding stage: loads stay unconditional, so they vectorise)
   or, without padding or when padding would be too large, a guarded load (``if_then_else``);
 * a summing stage whose vector lanes would read k apart (a convolution of stride k) reads a copy
-  of its input deinterleaved by k (``_Lowering._split``), contiguous along the lanes.
+  of its input deinterleaved by k (``_Lowering._split``), contiguous along the lanes;
+* a summing stage whose lanes' extent no half vector divides (197 tokens) is computed over whole
+  vectors and register tiles and its box copied out (``_widened``).
 
 Compiled kernels are cached on disk, keyed by a content hash (see ``cache_dir``).
 """
