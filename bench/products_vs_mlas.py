@@ -1,11 +1,14 @@
 """Products of the real models' shapes: each CPU implementation against onnxruntime's MLAS.
 
-    python3 bench/products_vs_mlas.py [--shapes 32x3072x768,32x768x3072,...] [--convs 64x56,128x28,...]
+    python3 bench/products_vs_mlas.py [--shapes 32x3072x768,...] [--convs 64x56,...] [--strided 3x224x64k7s2,...]
 
 For each ``M x K @ K x N`` product with a weight on the right (a transformer's linear layer),
-every implementation the Matmul record lists for the CPU ("blas", "tvm", "packed", "transposed"), and for
+every implementation the Matmul record lists for the CPU that applies ("blas", "tvm", "packed"), and for
 each ``C x H`` 3x3 convolution (C -> C channels, H x H, padding 1, NCHW: ResNet-50's), every
-implementation the Conv2d record lists ("im2col", "tvm", "panels"), is timed as the optimizer
+implementation the Conv2d record lists ("im2col", "tvm", "panels"), and for each
+``CxHxF kK sS [gG]`` convolution (C -> F channels, H x H, a K x K window of stride S, padding
+K/2, G groups: ResNet-50's stem and stride-2 convolutions, MobileNetV2's depthwise ones) the
+same, is timed as the optimizer
 times it (``codegen.program._timing_call``: the weight cold, in turn over copies that overflow
 the last-level cache) and onnxruntime (2 intra-op threads, spinning off) runs a graph of MatMul
 (Conv) nodes with one weight each, as many as the optimizer's copies, so that its weights are
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -31,8 +35,9 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from codegen.program import _cold_copies, _step, _timing_call, implementations  # noqa: E402
-from rewriter import parse  # noqa: E402
+from codegen.program import LIBRARY_CALLS, _cold_copies, _step, _timing_call, implementations  # noqa: E402
+from rewriter import conv2d, parse  # noqa: E402
+from rewriter.ir import Tensor  # noqa: E402
 from rewriter.lower import instantiate, postprocess  # noqa: E402
 
 
@@ -65,11 +70,24 @@ def convolution(c: int, h: int, rounds: int) -> dict:
     )
 
 
+def strided_convolution(spec: str, rounds: int) -> dict:
+    """``CxHxFkKsS`` or ``CxHxFkKsSgG``: C -> F channels over H x H, a K x K window of stride S,
+    padding K/2, G groups."""
+    c, h, f, k, stride, groups = (
+        int(d) for d in re.fullmatch(r"(\d+)x(\d+)x(\d+)k(\d+)s(\d+)(?:g(\d+))?", spec).groups("1")
+    )
+    x, w = Tensor("X", (1, c, h, h)), Tensor("W", (f, c // groups, k, k))
+    expr = conv2d(x, w, stride=stride, padding=k // 2, groups=groups)
+    attributes = {"pads": [k // 2] * 4, "strides": [stride] * 2, "group": groups}
+    return run(f"conv {spec}", expr, ("Conv", x.shape, w.shape, expr.shape), attributes, rounds)
+
+
 def run(label: str, expr, onnx_node: tuple, attributes: dict, rounds: int) -> dict:
     """Every implementation of ``expr``'s one kernel (its weight W) against onnxruntime's node."""
     rng = np.random.default_rng(0)
     (kernel,) = postprocess(instantiate(expr), weights=("W",)).kernels
-    calls = {impl: _timing_call(_step(kernel, impl, "float32"), "float32", rng) for impl in implementations(kernel)}
+    applies = [i for i in implementations(kernel) if i == "tvm" or LIBRARY_CALLS[i](kernel, "float32") is not None]
+    calls = {impl: _timing_call(_step(kernel, impl, "float32"), "float32", rng) for impl in applies}
     copies = _cold_copies(math.prod(onnx_node[2]) * 4)
     session, feed = onnxruntime_products(*onnx_node, copies, rng, **attributes)
     functions = {
@@ -82,8 +100,9 @@ def run(label: str, expr, onnx_node: tuple, attributes: dict, rounds: int) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--shapes", default="32x3072x768,32x768x3072,32x768x768,197x3072x768,197x768x3072")
+    parser.add_argument("--shapes", default="32x3072x768,32x768x3072,32x768x768,197x3072x768,197x768x3072,3136x96x384")
     parser.add_argument("--convs", default="64x56,128x28,256x14,512x7")
+    parser.add_argument("--strided", default="3x224x64k7s2,128x56x128k3s2,96x112x96k3s2g96,144x56x144k3s2g144")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     rows = []
@@ -94,6 +113,9 @@ def main() -> None:
     for shape in filter(None, args.convs.split(",")):
         c, h = (int(d) for d in shape.split("x"))
         rows.append(convolution(c, h, args.rounds))
+        print("  ".join(f"{key} {value}" for key, value in rows[-1].items()), flush=True)
+    for spec in filter(None, args.strided.split(",")):
+        rows.append(strided_convolution(spec, args.rounds))
         print("  ".join(f"{key} {value}" for key, value in rows[-1].items()), flush=True)
     out = ROOT / "bench" / "results" / "products_vs_mlas.json"
     done = {row["shape"] for row in rows}
