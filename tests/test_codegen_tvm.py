@@ -215,7 +215,9 @@ def test_floor_division_and_modulo_of_negative_numerators(body):
 
 def test_a_depthwise_convolution_pads_each_channel_inside_its_parallel_loop():
     """A padded copy read by one stage is made inside that stage's parallel loop, a slice at a
-    time; a full convolution's copy, which every output channel reads whole, stays apart."""
+    time, and for a depthwise convolution the loop runs over channels alone (each iteration
+    copies its channel's plane once, not three rows per output row); a full convolution's copy,
+    which every output channel reads whole, stays apart."""
     depthwise = parse(
         "L f:64, h:56, w:56 ; S r:3, s:3 ; X[f, h+r-1, s+w-1] * W[f, r, s]", {"X": (64, 56, 56), "W": (64, 3, 3)}
     )
@@ -227,6 +229,7 @@ def test_a_depthwise_convolution_pads_each_channel_inside_its_parallel_loop():
         listing = compile_scope(expr, dtype="float32").listing()
         padding, parallel = listing.index('T.sblock("pad_'), listing.index("T.parallel")
         assert (parallel < padding) == inside
+        assert ("T.parallel(64)" in listing) == inside  # the depthwise one's 64 channels, no more
         assert_matches(expr, random_inputs(expr, 5), dtype="float32")
 
 
