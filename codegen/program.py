@@ -9,7 +9,7 @@ a ``CompiledProgram``:
   the strides the iterator mapping table found), "packed" (Matmul / BatchMatmul whose right
   operand is a weight: TVM over the weight laid out in panels once, ``codegen.packed``),
   "transposed" (Matmul over one weight whose output runs along the other operand: the product
-  computed with lanes along the weight's rows, over the weight laid out k-major once, then
+  computed with lanes along the weight's rows, over the weight laid out k-major in panels once, then
   transposed into the output, ``codegen.packed``),
   "im2col" (a convolution as im2col + batched BLAS, ``codegen.im2col``), "panels" (a
   convolution whose weight is a weight: TVM directly over the weight laid out in panels of
@@ -112,7 +112,7 @@ class Step:
         (a change to the lowering or to a product's layout must not reuse the old code's timings)."""
         shapes = sorted(tensor_shapes(self.kernel.expr).items())
         schedule = self.compiled.schedule if self.compiled else None
-        version = CODEGEN_VERSION if self.impl in ("tvm", "packed", "transposed", "panels") else None
+        version = CODEGEN_VERSION  # every implementation's call is this package's code
         cold = "weights cold" if self.kernel.weights else None  # how ``_timing_call`` times it
         return signature(
             "kernel", self.impl, self.kernel.kind, self.kernel.expr, shapes, dtype, schedule, version, cold

@@ -623,10 +623,9 @@ def _widened(scope: Scope, lanes: int) -> Scope | None:
     vectors = sizes[inner] // lanes
     rows = _tile_rows(DEFAULT_SCHEDULE, lanes, 2 if vectors % 2 == 0 else 1)
     others = [it for it in scope.traversal[:-1] if it.size > 1]
-    reads = [(set().union(*map(index_vars, a.indices)), math.prod(a.source.shape)) for a in accesses(scope.body)]
-    reads = [(names, size) for names, size in reads if inner in names] or reads  # vector reads (``_shared_elements``)
+    reads = [(a.indices, a.source.shape) for a in accesses(scope.body)]
     if others:
-        tile = max(others, key=lambda it: sum(size for names, size in reads if it.name not in names))
+        tile = max(others, key=lambda it: _shared_elements(reads, inner, it.name))
         if _lanes(tile.size, rows) * 2 <= rows and _rounded_up(tile.size, rows):
             sizes[tile.name] = _rounded_up(tile.size, rows)
     return scope.with_traversal(Iterator(it.name, it.lo, it.lo + sizes.get(it.name, it.size)) for it in scope.traversal)
@@ -762,18 +761,18 @@ def _tile_axis(extents, rows: int, stage: _Stage | None = None) -> tuple[int, in
     if not axes:
         return None
     if stage is not None:
-        axes.sort(key=lambda axis: -_shared_elements(stage, stage.traversal[axis]))
+        axes.sort(key=lambda axis: -_shared_elements(stage.reads, stage.inner, stage.traversal[axis]))
     return axes[0], _lanes(extents[axes[0]], rows)
 
 
-def _shared_elements(stage: _Stage, name: str) -> int:
-    """Elements of the vector reads that do not vary along iterator ``name``: rows along it load
-    each such vector once for all of them. A vector read varies along the lanes' loop; a read
-    that does not is one broadcast element per row, whichever rows share it. (Counting every
-    read, ConvNeXt's 3136x96 @ 96x384 tiled along the weight's columns, sharing the broadcast
-    input element, and loaded 24 weight vectors per 24 multiply-adds: 1.78 ms; along the input's
-    rows, 14 of them sharing each weight vector, 0.55.)"""
-    vectors = [(ix, shape) for ix, shape in stage.reads if _varies(stage.inner, ix)] or stage.reads
+def _shared_elements(reads, lanes: str | None, name: str) -> int:
+    """Elements of the vector reads (``(indices, shape)``) that do not vary along iterator
+    ``name``: rows along it load each such vector once for all of them. A vector read varies
+    along the ``lanes`` iterator; a read that does not is one broadcast element per row,
+    whichever rows share it. (Counting every read, ConvNeXt's 3136x96 @ 96x384 tiled along the
+    weight's columns, sharing the broadcast input element, and loaded 24 weight vectors per 24
+    multiply-adds: 1.78 ms; along the input's rows, 14 of them sharing each weight vector, 0.47.)"""
+    vectors = [(ix, shape) for ix, shape in reads if _varies(lanes, ix)] or reads
     return sum(math.prod(shape) for indices, shape in vectors if not _varies(name, indices))
 
 
@@ -797,8 +796,8 @@ _PARALLEL_ITERATIONS = 128  # enough chunks to balance threads; more only adds i
 # For a stage that reads a copy plane by plane, made inside its parallel loop: each iteration a
 # whole plane, copied once, rather than the rows of one output row, copied again for the next
 # (measured here, depthwise 3x3 convolutions, parallel over channels against channels and rows:
-# 96 channels 112x112 0.280 to 0.158 ms, 32 channels 0.108 to 0.061, 96 channels of stride 2 to
-# 56x56 0.158 to 0.117).
+# 96 channels 112x112 0.280 to 0.149 ms, 32 channels 0.108 to 0.049, 96 channels of stride 2 to
+# 56x56 0.158 to 0.114).
 _PLANE_ITERATIONS = 32
 # Multiply-adds below which a stage runs on one thread: waking the pool's sleeping threads costs
 # tens of microseconds (measured: MobileNetV2's 104 kernels took 22 ms on 2 threads, 14 on 1,
