@@ -118,6 +118,12 @@ class Step:
             "kernel", self.impl, self.kernel.kind, self.kernel.expr, shapes, dtype, schedule, version, cold
         )
 
+    @property
+    def room(self) -> int:
+        """Elements the call may write from where its output begins, where that is more than the
+        output (a packed product's rows padded to whole register tiles; 0: just the output)."""
+        return getattr(self.call, "room", 0)
+
     def renamed(self, names: Mapping[str, str], dtype: str) -> Step:
         """This call over renamed tensors: the same compiled code and measured time."""
         kernel = self.kernel.renamed(dict(names))
@@ -143,8 +149,9 @@ class _Dispatch:
         self.calls: list[Callable[[], None]] = []
         self.slots: dict[str, list[tuple[list, int]]] = {}  # a per-run name -> where it goes in bound arguments
 
-    def add(self, step: Step, out: np.ndarray | None) -> None:
-        """Bind ``step`` writing into ``out`` (None: a new array each run)."""
+    def add(self, step: Step, out: np.ndarray | None, room: np.ndarray | None = None) -> None:
+        """Bind ``step`` writing into ``out`` (None: a new array each run), with ``room`` (where
+        ``out`` begins, ``step.room`` elements long) to write its padding into."""
         name = step.kernel.output
         if out is None:
             self.fresh[name] = tuple(step.kernel.expr.shape)
@@ -153,8 +160,8 @@ class _Dispatch:
             self.values[name] = out
         by_position = getattr(step.call, "by_position", None)
         if by_position is None:
-            call, values = step.call, self.values
-            self.calls.append(lambda: call(values, values[name]))
+            call, values, spare = step.call, self.values, () if room is None else (room,)
+            self.calls.append(lambda: call(values, values[name], *spare))
             return
         function, names = by_position
         args = [None if n in self.per_run else self.values[n] for n in names] + [out]
@@ -186,7 +193,7 @@ class _Dispatch:
 @dataclass(frozen=True)
 class BufferPlan:
     """Where each intermediate lives: ``slot[tensor]`` indexes ``sizes`` (elements); tensors
-    sharing a slot are never live at once."""
+    sharing a slot are never live at once. A slot holds its tensors' ``Step.room`` too."""
 
     slot: dict[str, int]
     shapes: dict[str, tuple[int, ...]]
@@ -211,7 +218,7 @@ def plan_buffers(steps: Sequence[Step], unplanned: set[str]) -> BufferPlan:
         name = step.kernel.output
         if name not in unplanned:
             shapes[name] = tuple(step.kernel.expr.shape)
-            size = int(np.prod(shapes[name]))
+            size = max(int(np.prod(shapes[name])), step.room)
             fits = [s for s in free if sizes[s] >= size]
             if fits:
                 slot[name] = min(fits, key=lambda s: sizes[s])
@@ -296,7 +303,8 @@ class CompiledProgram:
             if step.kernel.output not in self.constants:
                 name = step.kernel.output
                 out = None if name in fresh else self._buffer(plan, name)
-                dispatch.add(step, out)
+                room = self.buffers[plan.slot[name]] if out is not None and step.room else None
+                dispatch.add(step, out, room)
         return dispatch
 
     def _buffer(self, plan: BufferPlan, name: str) -> np.ndarray:
@@ -567,11 +575,12 @@ def _options(step: Step, dtype: str) -> list[Step]:
 
 
 def _stopwatch(call: Callable, samples: list[float]) -> Callable:
-    def timed(values, out):
+    def timed(values, out, *room):
         start = time.perf_counter()
-        call(values, out)
+        call(values, out, *room)
         samples.append(time.perf_counter() - start)
 
+    timed.room = getattr(call, "room", 0)
     return timed
 
 
@@ -596,11 +605,13 @@ def _timing_call(step: Step, dtype: str, rng) -> Callable[[], None]:
     if hasattr(step.call, "prepare"):
         for each in turns:
             each.update(step.call.prepare(each))
-    out = aligned_empty(step.kernel.expr.shape, dtype)
+    size = int(np.prod(step.kernel.expr.shape))
+    room = aligned_empty((max(size, step.room),), dtype)  # as a program's buffer gives it
+    out = (room[:size].reshape(step.kernel.expr.shape), *((room,) if step.room else ()))
     if len(turns) == 1:
-        return lambda: step.call(values, out)
+        return lambda: step.call(values, *out)
     cycle = itertools.cycle(turns)
-    return lambda: step.call(next(cycle), out)
+    return lambda: step.call(next(cycle), *out)
 
 
 def _fresh_copy(array: np.ndarray) -> np.ndarray:
