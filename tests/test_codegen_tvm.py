@@ -114,6 +114,15 @@ def test_a_stage_of_exponentials_is_worth_two_threads_where_additions_are_not(bo
     assert_matches(expr, random_inputs(expr, 2), dtype="float32")
 
 
+@pytest.mark.parametrize("body, parallel", [("X[i, j]", False), ("X[j, i]", True)])
+def test_a_transposition_is_worth_two_threads_where_a_copy_of_as_many_points_is_not(body, parallel):
+    """The same 768x1024 points: copied as they lie (a stream), on one thread; transposed (each
+    read on another cache line), on two."""
+    expr = parse(f"L i:768, j:1024 ; {body}", {"X": (768, 1024) if body == "X[i, j]" else (1024, 768)})
+    assert ("T.parallel" in compile_scope(expr, dtype="float32").listing()) == parallel
+    assert_matches(expr, random_inputs(expr, 3), dtype="float32")
+
+
 def test_a_products_register_tile_runs_along_the_rows_that_share_the_weight():
     """C = A @ B: the unrolled rows of the register tile are rows of m (one load of B's vector
     serves them all), and the loops over n go outside those over m (B's slice stays in cache
