@@ -145,6 +145,20 @@ def test_a_products_tile_rows_share_its_vector_reads_however_large_the_broadcast
     assert_matches(expr, random_inputs(expr, 2), dtype="float32", schedule=schedule)
 
 
+@pytest.mark.parametrize("rows, guarded", [(29, True), (28, False)])
+def test_a_products_tile_rows_go_past_a_loop_they_do_not_divide_guarded(rows, guarded):
+    """ViT's attention-weighted values, 197 rows of a prime: rather than one row that shares
+    nothing, a tile of six rows along them, the last tile's rows past the loop skipped (29 rows
+    here); 28 rows split exactly, in tiles of 14."""
+    shapes = {"P": (2, rows, 24), "V": (2, 24, 64)}
+    expr = parse(f"L b:2, i:{rows}, j:64 ; S k:24 ; P[b, i, k] * V[b, k, j]", shapes)
+    schedule = Schedule(vector=16, width=2)
+    listing = compile_scope(expr, dtype="float32", schedule=schedule).listing()
+    assert ("for i_1 in T.unroll(6)" in listing) == guarded
+    assert ("for i_1 in T.unroll(14)" in listing) == (not guarded)
+    assert_matches(expr, random_inputs(expr, 5), dtype="float32", schedule=schedule)
+
+
 @pytest.mark.parametrize("n, wide", [(256, True), (48, False)])
 def test_a_products_tile_rows_are_two_vectors_wide_where_an_even_number_of_vectors_is_left(n, wide):
     """One broadcast read of A feeds two vectors of each row (16 and 3 vectors of 16 lanes along
