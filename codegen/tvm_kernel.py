@@ -240,7 +240,9 @@ class _Stage:
     reads: tuple[tuple[tuple[Index, ...], tuple[int, ...]], ...] = ()  # (indices, buffer shape)
     divided: frozenset[str] = frozenset()  # iterators under an index division or modulo
     work: int = 1  # arithmetic per point, in multiply-adds (``_Building.work``)
-    planes: bool = False  # reads a copy (padded, deinterleaved) plane by plane (``_Building.planes``)
+    planes: frozenset[str] = (
+        frozenset()
+    )  # iterators choosing the plane of a copy read plane by plane (``_Building.planes``)
 
     @property
     def inner(self) -> str | None:
@@ -257,8 +259,9 @@ class _Building:
     divided: set = field(default_factory=set)
     work: int = 1  # arithmetic per point: 1, plus each function's (``_FUNCTION_WORK``)
     # reads a copy whose leading dimensions it indexes by traversal iterators only (a depthwise
-    # convolution's channel, not a full one's summed channels): each output plane needs one plane
-    planes: bool = False
+    # convolution's channel, not a full one's summed channels): each output plane needs one
+    # plane, chosen by these iterators
+    planes: set = field(default_factory=set)
 
 
 class _Lowering:
@@ -299,7 +302,8 @@ class _Lowering:
             tensor = tvm.te.compute(self._shape(scope.shape), fcompute, name, varargs_names=names)
             built = self.building.pop()
             reads, divided = tuple(built.reads), frozenset(built.divided)
-            stage = _Stage(tensor, scope.shape, scope.summation, tuple(names), reads, divided, built.work, built.planes)
+            planes = frozenset(built.planes)
+            stage = _Stage(tensor, scope.shape, scope.summation, tuple(names), reads, divided, built.work, planes)
             self.stages.append(stage)
             self.scopes[scope] = tensor
         return self.scopes[scope]
@@ -477,7 +481,9 @@ class _Lowering:
             checks, bounds = checks[: len(conditions)], bounds[: len(conditions)]
         if padding or split > 1:
             summed = {it.name for it in self.building[-1].scope.summation if it.size > 1}
-            self.building[-1].planes |= not any(index_vars(ix) & summed for ix in indices[:-2])
+            if not any(index_vars(ix) & summed for ix in indices[:-2]):
+                traversal = {it.name for it in self.building[-1].scope.traversal}
+                self.building[-1].planes |= {v for ix in indices[:-2] for v in index_vars(ix) & traversal}
         position = tuple(self.index(ix, env, box) - tvm.tirx.const(lo, self.ix_dtype) for ix, lo in zip(indices, lows))
         recorded = tuple(indices)
         if split > 1:
@@ -940,12 +946,14 @@ def _vector_summation(sch, block, stage: _Stage, params: Schedule, native: int, 
 def _outer_order(stage: _Stage) -> list[int]:
     """Traversal positions, those indexing the most input elements first: loops over a large
     operand (a weight's output channels) go outermost, so that its slice stays in cache while
-    the inner loops sweep the small operands."""
+    the inner loops sweep the small operands. A stage reading a copy plane by plane has the
+    loops choosing the plane outermost (a max pool's channels, not the rows that its padding's
+    mask shares with them), so that the parallel loop runs over planes."""
     weight = [
         sum(math.prod(shape) for indices, shape in stage.reads if any(name in index_vars(ix) for ix in indices))
         for name in stage.traversal
     ]
-    return sorted(range(len(weight)), key=lambda k: -weight[k])
+    return sorted(range(len(weight)), key=lambda k: (stage.traversal[k] not in stage.planes, -weight[k]))
 
 
 def _native_lanes(target: tvm.target.Target, dtype: str) -> int:
