@@ -12,11 +12,12 @@ sum are one contiguous run too. The product is then the scope
     C[b, m, j, l] = S k ; T[b, k, m] * P[b, j, k, l]        (C is the output, padded to whole panels)
 
 compiled by TVM like any other (``compile_scope``: lanes along l, a register tile of rows of m
-sharing each panel vector). Where C's padded rows would spill past the output (197 rows in tiles
-of 8), a program plans the output's buffer with room for them (``room``, ``Step.room``) and C
-is written there, not into a buffer of its own copied out: ViT-Base, 105.96 to 103.73 ms a run
-(one process, interleaved, 15 rounds). This is how onnxruntime's MLAS runs a MatMul with a constant weight
-(it packs A too); the BLAS call (numpy's) copies the weight into its own panels on every call.
+sharing each panel vector). Where C's padded rows would spill past the output (197 rows in
+tiles of 8), a program plans the output's buffer with room for them (``room``, ``Step.room``)
+and C is written there, not into a buffer of its own copied out: ViT-Base, 105.96 to 103.73 ms
+a run (one process, interleaved, 15 rounds). This is how onnxruntime's MLAS runs a MatMul with a
+constant weight (it packs A too); the BLAS call (numpy's) copies the weight into its own panels
+on every call.
 Reading A as it lies instead, the tile's rows sit K floats apart: with K = 3072 they map to one
 set of the 8-way L1 cache and evict each other. Measured here (AMD EPYC, 2 cores, float32, ms per
 product, weights cold: enough copies to overflow the L3 cache, in turn), M x K @ K x N:

@@ -606,8 +606,8 @@ def _timing_call(step: Step, dtype: str, rng) -> Callable[[], None]:
         for each in turns:
             each.update(step.call.prepare(each))
     size = int(np.prod(step.kernel.expr.shape))
-    room = aligned_empty((max(size, step.room),), dtype)  # as a program's buffer gives it
-    out = (room[:size].reshape(step.kernel.expr.shape), *((room,) if step.room else ()))
+    room = aligned_empty((max(size, step.room),), dtype)  # as a program's planned buffer gives it
+    out = (room[:size].reshape(step.kernel.expr.shape), *((room,) if step.room else ()))  # (out[, room])
     if len(turns) == 1:
         return lambda: step.call(values, *out)
     cycle = itertools.cycle(turns)

@@ -240,9 +240,8 @@ class _Stage:
     reads: tuple[tuple[tuple[Index, ...], tuple[int, ...]], ...] = ()  # (indices, buffer shape)
     divided: frozenset[str] = frozenset()  # iterators under an index division or modulo
     work: int = 1  # arithmetic per point, in multiply-adds (``_Building.work``)
-    planes: frozenset[str] = (
-        frozenset()
-    )  # iterators choosing the plane of a copy read plane by plane (``_Building.planes``)
+    # iterators choosing the plane of a copy the stage reads plane by plane (``_Building.planes``)
+    planes: frozenset[str] = frozenset()
 
     @property
     def inner(self) -> str | None:
