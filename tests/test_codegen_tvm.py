@@ -159,6 +159,18 @@ def test_a_products_tile_rows_go_past_a_loop_they_do_not_divide_guarded(rows, gu
     assert_matches(expr, random_inputs(expr, 5), dtype="float32", schedule=schedule)
 
 
+def test_an_epilogue_on_guarded_tiles_reads_only_the_sums_its_tile_made():
+    """A bias and a relu after a product tiled in guarded rows run on each tile (the sums in a
+    tile-sized local buffer), the last tile's missing rows skipped there too."""
+    shapes = {"P": (2, 29, 24), "V": (2, 24, 64), "B": (64,)}
+    product = "{ L b:2, i:29, j:64 ; S k:24 ; P[b, i, k] * V[b, k, j] }[b, i, j]"
+    expr = parse(f"L b:2, i:29, j:64 ; relu({product} + B[j])", shapes)
+    schedule = Schedule(vector=16, width=2)
+    listing = compile_scope(expr, dtype="float32", schedule=schedule).listing()
+    assert "for i_1 in T.unroll(6)" in listing and 'scope="local"' in listing
+    assert_matches(expr, random_inputs(expr, 7), dtype="float32", schedule=schedule)
+
+
 @pytest.mark.parametrize("n, wide", [(256, True), (48, False)])
 def test_a_products_tile_rows_are_two_vectors_wide_where_an_even_number_of_vectors_is_left(n, wide):
     """One broadcast read of A feeds two vectors of each row (16 and 3 vectors of 16 lanes along
