@@ -57,6 +57,8 @@ from .tvm_kernel import (
     candidate_schedules,
     compile_scope,
     load_kernel,
+    unmerged_views,
+    viewed,
 )
 
 BACKEND = "cpu"  # the key of this code generator's implementations in an operator record
@@ -163,11 +165,11 @@ class _Dispatch:
             call, values, spare = step.call, self.values, () if room is None else (room,)
             self.calls.append(lambda: call(values, values[name], *spare))
             return
-        function, names = by_position
-        args = [None if n in self.per_run else self.values[n] for n in names] + [out]
+        function, names, views = by_position
+        args = viewed([None if n in self.per_run else self.values[n] for n in names] + [out], views)
         for position, n in enumerate([*names, name]):
             if args[position] is None:
-                self.slots.setdefault(n, []).append((args, position))
+                self.slots.setdefault(n, []).append((args, position, views[position]))
         self.calls.append(lambda: function(*args))
 
     def run(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -186,8 +188,8 @@ class _Dispatch:
     def _set(self, arrays: Mapping[str, np.ndarray | None]) -> None:
         for name, array in arrays.items():
             self.values[name] = array
-            for args, position in self.slots.get(name, ()):
-                args[position] = array
+            for args, position, view in self.slots.get(name, ()):
+                args[position] = array if array is None or array.shape == view else array.reshape(view)
 
 
 @dataclass(frozen=True)
@@ -392,6 +394,7 @@ class CompiledProgram:
                 entry["library"] = f"kernel{index}.so"
                 shutil.copyfile(step.compiled.path, directory / entry["library"])
                 entry["schedule"] = step.compiled.schedule.__dict__
+                entry["views"] = step.compiled.views
             entries.append(entry)
         for name, value in self.constants.items():
             np.save(directory / f"{name}.npy", value)
@@ -419,7 +422,8 @@ def load(directory: str | Path, operators=OPERATORS) -> CompiledProgram:
         )
         library = directory / entry["library"] if "library" in entry else None
         schedule = Schedule(**entry["schedule"]) if "schedule" in entry else None
-        step = _step(kernel, entry["impl"], dtype, library=library, schedule=schedule)
+        views = entry.get("views") or unmerged_views(expr)  # saved before loops merged: the scope's shapes
+        step = _step(kernel, entry["impl"], dtype, library=library, schedule=schedule, views=views)
         step.seconds = entry.get("seconds")
         steps.append(step)
     constants = {name: np.load(directory / f"{name}.npy") for name in meta["constants"]}
@@ -635,7 +639,9 @@ def _aligned(value, dtype: str) -> np.ndarray:
 # Kernels to steps
 
 
-def _step(kernel: Kernel, impl: str, dtype: str, library: Path | None = None, schedule: Schedule | None = None) -> Step:
+def _step(
+    kernel: Kernel, impl: str, dtype: str, library: Path | None = None, schedule: Schedule | None = None, views=None
+) -> Step:
     """``kernel`` by the implementation named ``impl``; an ExpressionError where that does not
     apply to it (a saved program's kernel no operator matches any more, an unknown name)."""
     if impl in LIBRARY_CALLS:
@@ -646,7 +652,7 @@ def _step(kernel: Kernel, impl: str, dtype: str, library: Path | None = None, sc
     if impl != "tvm":
         raise ExpressionError(f"unknown implementation {impl!r}; known: {', '.join([*LIBRARY_CALLS, 'tvm'])}")
     if library is not None:
-        compiled = load_kernel(kernel.expr, library, dtype, schedule or Schedule())
+        compiled = load_kernel(kernel.expr, library, dtype, schedule or Schedule(), views)
     else:
         compiled = compile_scope(kernel.expr, dtype=dtype, schedule=schedule)
     return Step(kernel, impl, _tvm_call(compiled), compiled)
@@ -656,12 +662,12 @@ def _tvm_call(compiled: TvmKernel):
     """The kernel's function on a step's buffers by name. Every buffer a step reads or writes is
     aligned where it is made (``aligned_empty``, ``_aligned``), so no call checks it again:
     ``TvmKernel.run``'s check costs a microsecond an argument, more than a small kernel runs."""
-    function, names = compiled.function, tuple(compiled.inputs)
+    function, names, views = compiled.function, tuple(compiled.inputs), compiled.views
 
     def call(values, out):
-        function(*[values[n] for n in names], out)
+        function(*viewed([*(values[n] for n in names), out], views))
 
-    call.by_position = (function, names)  # what ``_Dispatch`` calls instead
+    call.by_position = (function, names, views)  # what ``_Dispatch`` calls instead
     return call
 
 

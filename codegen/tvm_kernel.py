@@ -74,6 +74,10 @@ from rewriter.ir import (
     tensor_shapes,
 )
 
+from .merged import merge_loops
+
+_LOWERING = ("tvm_kernel.py", "merged.py")  # the modules whose source makes a kernel's machine code
+
 
 class _Deferred:
     """A module imported on first attribute access (``before_import()`` runs just before). TVM
@@ -113,9 +117,9 @@ def _one_thread_per_core() -> None:
 
 tvm = _Deferred("tvm", _one_thread_per_core)
 
-# The source of this module is part of every cache key: a change to the lowering never loads a
-# kernel compiled by the old one.
-_SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+# The source of this module and of the loop merging it lowers through is part of every cache
+# key: a change to the lowering never loads a kernel compiled by the old one.
+_SOURCE_HASH = hashlib.sha256(b"".join(Path(__file__).with_name(n).read_bytes() for n in _LOWERING)).hexdigest()
 # The code generators' version, part of every measured time's key (codegen.program's signatures):
 # every module of this package, whose code makes what a kernel runs (the lowering, the packed and
 # transposed products' layouts, the panels), so a time is reused only by the code it measured.
@@ -1092,7 +1096,7 @@ def _module(scope: Scope, dtype: str, params: Schedule, target) -> tvm.IRModule:
     """The kernel's module under ``params``, or its plain loops (always sound) when a schedule
     primitive refuses ``params``."""
     lanes = _native_lanes(target, dtype) if target.kind.name == "llvm" else 1
-    lowering = lower_to_te(scope, dtype, params.pad, lanes if params.vector is None else params.vector)
+    lowering = lower_to_te(merge_loops(scope), dtype, params.pad, lanes if params.vector is None else params.vector)
     try:
         return _scheduled(lowering, params, target)
     except _fallback():
@@ -1119,7 +1123,15 @@ class TvmKernel:
     """
 
     def __init__(
-        self, scope: Scope, dtype: str, schedule: Schedule, target, module, path: Path | None, from_cache: bool
+        self,
+        scope: Scope,
+        dtype: str,
+        schedule: Schedule,
+        target,
+        module,
+        path: Path | None,
+        from_cache: bool,
+        views: tuple[tuple[int, ...], ...] | None = None,
     ):
         self.scope = scope
         self.dtype = dtype
@@ -1131,13 +1143,16 @@ class TvmKernel:
         self.from_cache = from_cache
         self._module = module  # keeps the loaded library alive while its function is in use
         self.function = module["main"]  # called by position: the inputs in ``inputs``' order, then the output
+        self.views = views or _views(scope)  # the shapes the function takes: its buffers' views
 
     def renamed(self, scope: Scope) -> TvmKernel:
         """The same machine code for ``scope``, this kernel's scope with its tensors renamed
         (arguments are passed by position, in the order the scope first reads them)."""
         if list(tensor_shapes(scope).values()) != list(self.inputs.values()) or scope.shape != self.shape:
             raise ValueError(f"TvmKernel.renamed: {scope} is not {self.scope} renamed")
-        return TvmKernel(scope, self.dtype, self.schedule, self.target, self._module, self.path, self.from_cache)
+        return TvmKernel(
+            scope, self.dtype, self.schedule, self.target, self._module, self.path, self.from_cache, self.views
+        )
 
     def __call__(self, **arrays) -> np.ndarray:
         values = {name: aligned_copy(value, self.dtype) for name, value in self._checked(arrays).items()}
@@ -1149,19 +1164,24 @@ class TvmKernel:
         """(inputs, output) as TVM tensors on the CPU, ready for ``run``."""
         device = tvm.cpu()
         checked = self._checked(arrays).items()
-        values = {name: tvm.runtime.tensor(np.ascontiguousarray(v, self.dtype), device) for name, v in checked}
-        return values, tvm.runtime.empty(self.shape, self.dtype, device)
+        views = dict(zip(self.inputs, self.views))
+        values = {
+            name: tvm.runtime.tensor(np.ascontiguousarray(v, self.dtype).reshape(views[name]), device)
+            for name, v in checked
+        }
+        return values, tvm.runtime.empty(self.views[-1], self.dtype, device)
 
     def run(self, arrays: Mapping[str, object], out) -> None:
         """Run on prepared buffers: TVM tensors, or C-contiguous, 64-byte aligned numpy arrays of
-        the kernel's dtype (a misaligned one is refused, not copied)."""
+        the kernel's dtype (a misaligned one is refused, not copied), in the scope's shapes or
+        the kernel's ``views``."""
         args = [arrays[name] for name in self.inputs] + [out]
         for arg in args:
             if isinstance(arg, np.ndarray) and not is_aligned(arg):
                 raise ValueError(
                     "TvmKernel.run: numpy buffers must be C-contiguous and 64-byte aligned (use prepare())"
                 )
-        self.function(*args)
+        self.function(*viewed(args, self.views))
 
     def _checked(self, arrays: Mapping[str, object]) -> dict[str, object]:
         missing = sorted(set(self.inputs) - set(arrays))
@@ -1180,6 +1200,24 @@ class TvmKernel:
 
     def __repr__(self) -> str:
         return f"TvmKernel({self.scope}, dtype={self.dtype}, schedule={self.schedule})"
+
+
+def _views(scope: Scope) -> tuple[tuple[int, ...], ...]:
+    """The shapes a kernel compiled here for ``scope`` takes: its inputs', then its output's,
+    with the dimensions of merged loops merged (``merge_loops``)."""
+    merged = merge_loops(scope)
+    shapes = tensor_shapes(merged)
+    return (*(shapes[name] for name in tensor_shapes(scope)), merged.shape)
+
+
+def unmerged_views(scope: Scope) -> tuple[tuple[int, ...], ...]:
+    """The scope's own shapes: what a kernel saved before loops merged takes."""
+    return (*tensor_shapes(scope).values(), scope.shape)
+
+
+def viewed(args, views) -> list:
+    """Numpy ``args`` as the kernel's views (reshaped, never copied); TVM tensors as they are."""
+    return [a.reshape(v) if isinstance(a, np.ndarray) and a.shape != v else a for a, v in zip(args, views)]
 
 
 _ALIGNMENT = 64
@@ -1237,9 +1275,11 @@ def compile_scope(
     return TvmKernel(scope, dtype, schedule, target, module, path if path.exists() else None, False)
 
 
-def load_kernel(scope: Scope, library: Path, dtype: str, schedule: Schedule, target="llvm") -> TvmKernel:
-    """A kernel saved as a shared library (``CompiledProgram.save``), for ``scope``."""
-    return TvmKernel(scope, dtype, schedule, host_target(target), tvm.runtime.load_module(str(library)), library, True)
+def load_kernel(scope: Scope, library: Path, dtype: str, schedule: Schedule, views, target="llvm") -> TvmKernel:
+    """A kernel saved as a shared library (``CompiledProgram.save``), for ``scope``, taking
+    buffers of the shapes ``views`` (``TvmKernel.views``)."""
+    module = tvm.runtime.load_module(str(library))
+    return TvmKernel(scope, dtype, schedule, host_target(target), module, library, True, tuple(map(tuple, views)))
 
 
 def _export(executable, path: Path) -> bool:

@@ -158,6 +158,33 @@ def test_saved_programs_run_in_a_new_process_without_searching(tmp_path):
     assert load(tmp_path / "prog").kernels == program.kernels
 
 
+def test_a_saved_kernel_over_merged_loops_is_called_on_the_views_it_was_compiled_for(tmp_path, monkeypatch):
+    """A pointwise convolution over 7x7 pixels runs them as one loop over views of its buffers
+    (``merge_loops``); the saved program records the views. One saved before loops merged has
+    none, and its kernel takes the scope's own shapes."""
+    import json
+
+    import codegen.tvm_kernel as tvm_kernel
+
+    text = "L n:1, f:8, h:7, w:7 ; S c:4 ; X[n, c, h, w] * K[f, c]"
+    expr = parse(text, {"X": (1, 4, 7, 7), "K": (8, 4)})
+    inputs = random_inputs(expr, 6)
+    shapes = {n: v.shape for n, v in inputs.items()}
+    merged = CompiledProgram([_step(instantiate(expr).kernels[0], "tvm", "float32")], shapes)
+    assert merged.steps[0].compiled.views == ((1, 4, 49), (8, 4), (1, 8, 49))
+    merged.save(tmp_path / "merged")
+    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "unmerged_cache"))
+    monkeypatch.setattr(tvm_kernel, "merge_loops", lambda scope: scope)
+    CompiledProgram([_step(instantiate(expr).kernels[0], "tvm", "float32")], shapes).save(tmp_path / "before")
+    monkeypatch.undo()
+    meta = json.loads((tmp_path / "before" / "program.json").read_text())
+    for entry in meta["kernels"]:
+        del entry["views"]  # what a program saved before loops merged holds
+    (tmp_path / "before" / "program.json").write_text(json.dumps(meta))
+    for saved in ("merged", "before"):
+        _close(load(tmp_path / saved)(**inputs), evaluate(expr, inputs))
+
+
 def test_loading_something_that_is_not_a_program_is_a_clear_error(tmp_path):
     from rewriter import ExpressionError
 
