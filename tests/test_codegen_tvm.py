@@ -325,6 +325,20 @@ def test_a_summing_stage_whose_lanes_no_vector_divides_is_computed_over_whole_ve
         assert_matches(expr, random_inputs(expr, 8), dtype="float32", schedule=schedule)
 
 
+@pytest.mark.parametrize("pixels, widened", [(7, 64), (5, 32), (3, 0)])
+def test_a_pointwise_convolutions_merged_pixels_widen_to_whole_vectors_where_a_quarter_of_their_lanes_is_spare(
+    pixels, widened
+):
+    """A 1x1 convolution over 7x7 pixels, merged (``merge_loops``): 49 pixels in lanes of 7, or
+    in 4 whole vectors of 16 (15 of their 64 lanes spare) and the box copied out; 5x5 pixels
+    widen to 32; 3x3 to 16 would leave 7 of 16 spare and stays in lanes of 9."""
+    text = f"L n:1, f:16, h:{pixels}, w:{pixels} ; S c:8 ; X[n, c, h, w] * K[f, c]"
+    expr = parse(text, {"X": (1, 8, pixels, pixels), "K": (16, 8)})
+    listing = compile_scope(expr, dtype="float32", schedule=Schedule(vector=16)).listing()
+    assert (f"T.sblock_alloc_buffer((1, 16, {widened or 16})" in listing) == bool(widened)
+    assert_matches(expr, random_inputs(expr, 9), dtype="float32", schedule=Schedule(vector=16))
+
+
 def test_a_padded_copy_read_through_a_division_compiles():
     """Segformer's depthwise convolution over merged channel-rows: inside the parallel loop the
     padded slice would vary in size, so the copy stays apart."""
