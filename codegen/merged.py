@@ -36,7 +36,7 @@ __all__ = ["merge_loops"]
 def merge_loops(scope: Scope) -> Scope:
     """``scope`` with every pair of adjacent iterators that all reads take whole merged (its
     output shape merged likewise), or ``scope`` itself where no pair merges."""
-    plain = _without_unit_sums(scope)
+    plain = _units_fixed(scope)
     merged = _merged_within(plain, outputs=True)
     return merged if merged != plain else scope
 
@@ -104,20 +104,21 @@ def _merged_reads(body, a: Iterator, b: Iterator):
     return None if refused else body
 
 
-def _without_unit_sums(scope: Scope) -> Scope:
-    """``scope`` without summation iterators of one value (a 1x1 kernel's r and s), each read
-    at that value, in nested scopes too."""
+def _units_fixed(scope: Scope) -> Scope:
+    """``scope`` without summation iterators of one value (a 1x1 kernel's r and s), and every
+    iterator of one value read at that value (a traversal one stays a dimension), in nested
+    scopes too."""
 
     def nested(access: Access) -> Access:
         if isinstance(access.source, Scope):
-            return Access(_without_unit_sums(access.source), access.indices)
+            return Access(_units_fixed(access.source), access.indices)
         return access
 
     body = map_accesses(scope.body, nested)
-    units = {it.name: it.lo for it in scope.summation if it.size == 1}
+    units = {it.name: it.lo for it in scope.iterators if it.size == 1}
     if units:
         body = map_accesses(body, lambda a: Access(a.source, tuple(_at(ix, units) for ix in a.indices)))
-    summation = tuple(it for it in scope.summation if it.name not in units)
+    summation = tuple(it for it in scope.summation if it.size > 1)
     return Scope(scope.traversal, summation, body, scope.reduce if summation else "sum")
 
 

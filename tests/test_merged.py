@@ -37,7 +37,7 @@ def test_a_pointwise_convolution_over_a_small_image_runs_over_its_pixels_as_one_
     expr = parse(POINTWISE_7X7, SHAPES_7X7)
     merged = merge_loops(expr)
     assert str(merged) == (
-        "L i0:1, i1:24, i2:49 ; min(max({ L n:1, f:24, h:49 ; S c:16 ; X[n, c, h] * K[f, c, 0, 0] }[0, i1, i2]"
+        "L i0:1, i1:24, i2:49 ; min(max({ L n:1, f:24, h:49 ; S c:16 ; X[0, c, h] * K[f, c, 0, 0] }[0, i1, i2]"
         " + B[i1], 0), 6)"
     )
     inputs = random_inputs(expr, 3)
@@ -59,13 +59,19 @@ def test_a_pointwise_convolution_over_a_small_image_runs_over_its_pixels_as_one_
         # a window read at h+r: h and w stay apart, the batch and channels merge
         ("L n:2, c:3, h:5, w:5 ; S r:3 ; X[n, c, h+r-1, w]", (2, 3, 5, 5), "L n:6, h:5, w:5 ; S r:3 ; X[n, h+r-1, w]"),
         # a global average pool's sum over the pixels merges too
-        ("L n:1, c:8 ; S h:7, w:7 ; X[n, c, h, w] / 49", (1, 8, 7, 7), "L n:8 ; S h:49 ; X[n, h] / 49"),
+        ("L n:1, c:8 ; S h:7, w:7 ; X[n, c, h, w] / 49", (1, 8, 7, 7), "L n:1, c:8 ; S h:49 ; X[0, c, h] / 49"),
+        # loops of one value are read at it: a 1x1 window's r and s, laid out first, and n
+        (
+            "L r:1, s:1, n:1, f:4, h:3, w:3 ; S c:2 ; X[n, c, h+r, s+w] * K[f, c, r, s]",
+            (1, 2, 3, 3),
+            "L r:1, f:4, h:9 ; S c:2 ; X[0, c, h] * K[f, c, 0, 0]",
+        ),
         # a box that does not start at 0
         ("L a:1..4, b:4 ; X[a, b]", (4, 4), "L a:1..4, b:4 ; X[a, b]"),
     ],
 )
 def test_only_loops_every_read_takes_whole_merge(text, shape, merged):
-    assert str(merge_loops(parse(text, {"X": shape}))) == merged
+    assert str(merge_loops(parse(text, {"X": shape, "K": (4, 2, 1, 1)}))) == merged
 
 
 # Scopes over a box whose reads are exact, shifted, transposed or broadcast, with a nested sum
