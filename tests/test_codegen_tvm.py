@@ -339,6 +339,19 @@ def test_a_pointwise_convolutions_merged_pixels_widen_to_whole_vectors_where_a_q
     assert_matches(expr, random_inputs(expr, 9), dtype="float32", schedule=Schedule(vector=16))
 
 
+def test_an_epilogue_reads_a_widened_stage_where_it_lies_without_a_copy_of_the_box():
+    """The 7x7 convolution's sums widened to 64 pixels, read by a bias and clip: the epilogue
+    reads the wider buffer within the box, no stage copies the 49 out first."""
+    text = (
+        "L i0:1, i1:16, i2:7, i3:7 ; min(max({ L n:1, f:16, h:7, w:7 ; S c:8 ; X[n, c, h, w] * K[f, c] }[0, i1, i2, i3]"
+        " + B[i1], 0), 6)"
+    )
+    expr = parse(text, {"X": (1, 8, 7, 7), "K": (16, 8), "B": (16,)})
+    listing = compile_scope(expr, dtype="float32", schedule=Schedule(vector=16)).listing()
+    assert "T.sblock_alloc_buffer((1, 16, 64)" in listing and "T.sblock_alloc_buffer((1, 16, 49)" not in listing
+    assert_matches(expr, random_inputs(expr, 10), dtype="float32", schedule=Schedule(vector=16))
+
+
 def test_a_padded_copy_read_through_a_division_compiles():
     """Segformer's depthwise convolution over merged channel-rows: inside the parallel loop the
     padded slice would vary in size, so the copy stays apart."""
