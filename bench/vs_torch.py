@@ -12,30 +12,27 @@ float32. Writes bench/results/vs_torch.json and prints medians and ratios.
 
 Three thread pools share the cores here (PyTorch's OpenMP, numpy's OpenBLAS, TVM's): each one
 spinning after its call steals the next library's cores, which doubled PyTorch's conv3x3 time
-in a first run. So every pool is told to sleep when idle (set below, before they load), and
-each round calls every function twice, timing the second call.
+in a first run. So PyTorch's pool is told to sleep when idle and numpy's and TVM's take the
+project's idle policy (``rewriter._threads``, set below, before they load), and each round
+calls every function twice, timing the second call.
 """
 
 import os
-
-for _name, _value in (
-    ("OMP_WAIT_POLICY", "PASSIVE"),
-    ("OPENBLAS_THREAD_TIMEOUT", "4"),
-    ("TVM_THREAD_POOL_SPIN_COUNT", "0"),
-):
-    os.environ.setdefault(_name, _value)
-
-import argparse
-import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import rewriter._threads  # noqa: E402, F401, I001  (the idle policy, before numpy and TVM load)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from torch_cases import to_case_layout, torch_version  # noqa: E402
