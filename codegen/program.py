@@ -141,7 +141,9 @@ class _Dispatch:
     (the inputs and the outputs made afresh) and calls the kernels in turn. A TVM kernel is called
     through its compiled function with its argument list built here (``_tvm_call``'s ``by_position``):
     its Python wrapper gathered and checked the arguments on every call, 4 of the 5 us a call to
-    a small kernel took. A call wrapped by someone else (a stopwatch) is called as it is."""
+    a small kernel took. Each argument is bound as the view its kernel takes (``TvmKernel.views``:
+    merged loops' dimensions merged), reshaped once, or once a run for the arrays a run sets.
+    A call wrapped by someone else (a stopwatch) is called as it is."""
 
     def __init__(self, values: dict[str, np.ndarray], per_run: Sequence[str], dtype: str) -> None:
         self.values = values  # what calls read by name: constants, weights, buffers, and per run the rest
