@@ -5,38 +5,28 @@ For a matched ``C[b, m, n] = A[b, m, :] @ B[b, :, n]`` (a ``GemmMatch``) whose B
 weight (``Kernel.weights``), the weight is copied once, when the program's weights are bound, into
 panels of ``PANEL`` columns, ``P[b, j, k, l] = B[b, k, PANEL*j + l]`` (zero past the last
 column), so that each step of the sum reads one contiguous vector and the whole weight streams
-from memory in order. A is laid out k-major, ``T[b, k, m] = A[b, m, k]`` (rows past m zero), by a
-small transposition kernel on every call, so that the rows of a register tile at one step of the
-sum are one contiguous run too. The product is then the scope
+from memory in order. A is read as it lies. The product is then the scope
 
-    C[b, m, j, l] = S k ; T[b, k, m] * P[b, j, k, l]        (C is the output, padded to whole panels)
+    C[b, m, j, l] = S k ; A[b, m, k] * P[b, j, k, l]        (C is the output, in whole panels)
 
 compiled by TVM like any other (``compile_scope``: lanes along l, a register tile of rows of m
-sharing each panel vector). Where C's padded rows would spill past the output (197 rows in
-tiles of 8), a program plans the output's buffer with room for them (``room``, ``Step.room``)
-and C is written there, not into a buffer of its own copied out: ViT-Base, 105.96 to 103.73 ms
-a run (one process, interleaved, 15 rounds). This is how onnxruntime's MLAS runs a MatMul with a
-constant weight (it packs A too); the BLAS call (numpy's) copies the weight into its own panels
-on every call.
-Reading A as it lies instead, the tile's rows sit K floats apart: with K = 3072 they map to one
-set of the 8-way L1 cache and evict each other. Measured here (AMD EPYC, 2 cores, float32, ms per
-product, weights cold: enough copies to overflow the L3 cache, in turn), M x K @ K x N:
-
-    =============== ====== ===== ================== ==============
-    shape            BLAS   A as  k-major A (incl.   onnxruntime
-                            it    transposition)     (2 threads)
-                            lies
-    =============== ====== ===== ================== ==============
-    32x3072 @ 768    1.32   1.46  0.81               0.91
-    32x768 @ 3072    1.35   0.94  0.74               0.82
-    32x768 @ 768     0.36   0.24  0.20               0.22
-    197x3072 @ 768   5.00   4.66  4.58               4.69
-    =============== ====== ===== ================== ==============
+sharing each panel vector; where no divisor of m makes a tile, the last one is guarded). This
+is how onnxruntime's MLAS runs a MatMul with a constant weight; the BLAS call (numpy's) copies
+the weight into its own panels on every call.
 
 A panel is two vectors wide (32 columns of float32), so each row of the register tile is two
-vectors sharing one broadcast read of T. Against one-vector panels, on a later machine (AMD Zen 5,
+vectors sharing one broadcast read of A. Against one-vector panels (AMD Zen 5,
 ``bench/products_vs_mlas.py``, weights cold, ms): 197x3072 @ 768 2.76 to 2.22 (onnxruntime 2.10),
 197x768 @ 3072 2.77 to 2.16 (2.10), 32x3072 @ 768 0.51 to 0.46 (0.57).
+
+A was once laid out k-major first (``T[b, k, m] = A[b, m, k]``, by a small transposition kernel
+on every call), since on an older machine (AMD EPYC) the tile's rows read as A lies, K floats
+apart, mapped to one set of the 8-way L1 cache and evicted each other (197x3072 @ 768: 4.66 ms
+as A lies, 4.58 k-major including the transposition). On this one (Zen 5, 12-way L1) A as it lies
+is faster and the transposition goes: ms per call, weights cold, the two interleaved in one
+process, k-major then as it lies: 197x3072 @ 768 2.55 to 2.06, 197x768 @ 3072 2.20 to 1.94,
+32x3072 @ 768 0.78 to 0.68, 3136x384 @ 96 1.18 to 0.90. In a model the transposition cost more
+than alone: ViT-Base's 197x3072 one took 0.31 ms where the program ran it, 0.10 ms alone.
 
 Which implementation wins depends on the shape, so they are raced.
 
@@ -57,7 +47,6 @@ from rewriter.lower import GemmMatch, Kernel, operand_view
 from .tvm_kernel import TvmKernel, aligned_empty, compile_scope, is_aligned
 
 PANEL = 32  # columns per panel: two AVX-512 vectors of float32 (a register tile row two vectors wide)
-ROWS = 8  # A's rows are padded to a multiple of this (the register tile needs whole tiles)
 
 
 def packed_name(tensor: str) -> str:
@@ -74,30 +63,25 @@ def packed_call(kernel: Kernel, dtype: str):
 
 
 class _Packed:
-    """The call; its buffers (A in whole row tiles, C in whole panels) are allocated once."""
+    """The call; its buffers (A where its view is not contiguous, C in whole panels where the
+    output is not) are allocated once."""
 
     def __init__(self, match: GemmMatch, dtype: np.dtype):
         self.match, self.dtype = match, dtype
         batches, m, k = match.a.shape
         n = match.b.shape[2]
         self.m, self.k, self.n = m, k, n
-        self.rows = m if m <= ROWS else math.ceil(m / ROWS) * ROWS
         self.panels = math.ceil(n / PANEL)
         # an operand broadcast over the batch (stride 0) is kept once
         self.a_batch = 1 if match.a.strides[0] == 0 else batches
         self.b_batch = 1 if match.b.strides[0] == 0 else batches
         self.batches = batches
-        self.kernel = _compile(self.a_batch, self.b_batch, batches, self.rows, k, self.panels, str(dtype))
-        self.transpose = _transposition(self.a_batch, m, k, self.rows, str(dtype))
+        self.kernel = _compile(self.a_batch, self.b_batch, batches, m, k, self.panels, str(dtype))
         self.a_buffer = aligned_empty((self.a_batch, m, k), dtype)  # A where its view is not contiguous
-        self.t_buffer = aligned_empty((self.a_batch, k, self.rows), dtype)  # A k-major, rows past m zero
-        self.c_buffer = aligned_empty((batches, self.rows, self.panels, PANEL), dtype)
+        self.c_buffer = aligned_empty((batches, m, self.panels, PANEL), dtype)
         # C lands in the output as it lies: no copy (where the output is aligned)
-        self.direct = (self.rows, self.panels * PANEL) == (m, n) and tuple(match.out_strides[1:]) == (n, 1)
+        self.direct = self.panels * PANEL == n and tuple(match.out_strides[1:]) == (n, 1)
         self.direct &= batches == 1 or match.out_strides[0] == m * n
-        # or past its end, where the program leaves room there (``room``): C's rows past m spill over
-        whole = batches == 1 and self.panels * PANEL == n and tuple(match.out_strides[1:]) == (n, 1)
-        self.room = self.c_buffer.size if whole and not self.direct else 0
 
     @property
     def name(self) -> str:
@@ -114,9 +98,7 @@ class _Packed:
         panels[...] = wide.reshape(self.b_batch, self.k, self.panels, PANEL).transpose(0, 2, 1, 3)
         return {self.name: panels}
 
-    def __call__(self, values: dict, out: np.ndarray, room: np.ndarray | None = None) -> None:
-        """C into ``out``; with ``room`` (memory that begins where ``out`` does and that the
-        caller lets the call write ``self.room`` elements of), C's padded rows too, with no copy."""
+    def __call__(self, values: dict, out: np.ndarray) -> None:
         panels = values.get(self.name)
         if panels is None:  # not bound: B changes from call to call
             panels = self.prepare(values)[self.name]
@@ -124,41 +106,27 @@ class _Packed:
         if not (a.flags.c_contiguous and is_aligned(a)):
             self.a_buffer[...] = a
             a = self.a_buffer
-        t = self.t_buffer
-        self.transpose.run({"A": a[0] if self.a_batch == 1 else a}, t[0] if self.a_batch == 1 else t)
-        arguments = {"T": t[0] if self.a_batch == 1 else t, "P": panels[0] if self.b_batch == 1 else panels}
+        arguments = {"A": a[0] if self.a_batch == 1 else a, "P": panels[0] if self.b_batch == 1 else panels}
         if self.direct and is_aligned(out):
             self.kernel.run(arguments, out.reshape(self.c_buffer.shape))
             return
-        if self.room and room is not None and room.size >= self.room and is_aligned(room):
-            self.kernel.run(arguments, room[: self.room].reshape(self.c_buffer.shape))
-            return
         self.kernel.run(arguments, self.c_buffer)
-        product = self.c_buffer.reshape(self.batches, self.rows, self.panels * PANEL)[:, : self.m, : self.n]
+        product = self.c_buffer.reshape(self.batches, self.m, self.panels * PANEL)[:, :, : self.n]
         target = np.lib.stride_tricks.as_strided(
             out.reshape(-1), product.shape, tuple(s * out.itemsize for s in self.match.out_strides)
         )
         np.copyto(target, product)
 
 
-def _compile(a_batch: int, b_batch: int, batches: int, rows: int, k: int, panels: int, dtype: str) -> TvmKernel:
-    """The product of k-major A and the panels as a scope, compiled (and cached on disk) like any other."""
-    t = "T[b, k, m]" if a_batch > 1 else "T[k, m]"
+def _compile(a_batch: int, b_batch: int, batches: int, m: int, k: int, panels: int, dtype: str) -> TvmKernel:
+    """The product of A and the panels as a scope, compiled (and cached on disk) like any other."""
+    a = "A[b, m, k]" if a_batch > 1 else "A[m, k]"
     p = "P[b, j, k, l]" if b_batch > 1 else "P[j, k, l]"
     shapes = {
-        "T": (a_batch, k, rows) if a_batch > 1 else (k, rows),
+        "A": (a_batch, m, k) if a_batch > 1 else (m, k),
         "P": (b_batch, panels, k, PANEL) if b_batch > 1 else (panels, k, PANEL),
     }
-    scope = parse(f"L b:{batches}, m:{rows}, j:{panels}, l:{PANEL} ; S k:{k} ; {t} * {p}", shapes)
-    return compile_scope(scope, dtype=dtype)
-
-
-def _transposition(a_batch: int, m: int, k: int, rows: int, dtype: str) -> TvmKernel:
-    """``T[b, k, r] = A[b, r, k]`` over ``rows`` rows: the rows past A's m read as zero."""
-    if a_batch > 1:
-        scope = parse(f"L b:{a_batch}, k:{k}, r:{rows} ; A[b, r, k]", {"A": (a_batch, m, k)})
-    else:
-        scope = parse(f"L k:{k}, r:{rows} ; A[r, k]", {"A": (m, k)})
+    scope = parse(f"L b:{batches}, m:{m}, j:{panels}, l:{PANEL} ; S k:{k} ; {a} * {p}", shapes)
     return compile_scope(scope, dtype=dtype)
 
 

@@ -120,12 +120,6 @@ class Step:
             "kernel", self.impl, self.kernel.kind, self.kernel.expr, shapes, dtype, schedule, version, cold
         )
 
-    @property
-    def room(self) -> int:
-        """Elements the call may write from where its output begins, where that is more than the
-        output (a packed product's rows padded to whole register tiles; 0: just the output)."""
-        return getattr(self.call, "room", 0)
-
     def renamed(self, names: Mapping[str, str], dtype: str) -> Step:
         """This call over renamed tensors: the same compiled code and measured time."""
         kernel = self.kernel.renamed(dict(names))
@@ -153,9 +147,8 @@ class _Dispatch:
         self.calls: list[Callable[[], None]] = []
         self.slots: dict[str, list[tuple[list, int]]] = {}  # a per-run name -> where it goes in bound arguments
 
-    def add(self, step: Step, out: np.ndarray | None, room: np.ndarray | None = None) -> None:
-        """Bind ``step`` writing into ``out`` (None: a new array each run), with ``room`` (where
-        ``out`` begins, ``step.room`` elements long) to write its padding into."""
+    def add(self, step: Step, out: np.ndarray | None) -> None:
+        """Bind ``step`` writing into ``out`` (None: a new array each run)."""
         name = step.kernel.output
         if out is None:
             self.fresh[name] = tuple(step.kernel.expr.shape)
@@ -164,8 +157,8 @@ class _Dispatch:
             self.values[name] = out
         by_position = getattr(step.call, "by_position", None)
         if by_position is None:
-            call, values, spare = step.call, self.values, () if room is None else (room,)
-            self.calls.append(lambda: call(values, values[name], *spare))
+            call, values = step.call, self.values
+            self.calls.append(lambda: call(values, values[name]))
             return
         function, names, views = by_position
         args = viewed([None if n in self.per_run else self.values[n] for n in names] + [out], views)
@@ -197,7 +190,7 @@ class _Dispatch:
 @dataclass(frozen=True)
 class BufferPlan:
     """Where each intermediate lives: ``slot[tensor]`` indexes ``sizes`` (elements); tensors
-    sharing a slot are never live at once. A slot holds its tensors' ``Step.room`` too."""
+    sharing a slot are never live at once."""
 
     slot: dict[str, int]
     shapes: dict[str, tuple[int, ...]]
@@ -222,7 +215,7 @@ def plan_buffers(steps: Sequence[Step], unplanned: set[str]) -> BufferPlan:
         name = step.kernel.output
         if name not in unplanned:
             shapes[name] = tuple(step.kernel.expr.shape)
-            size = max(int(np.prod(shapes[name])), step.room)
+            size = int(np.prod(shapes[name]))
             fits = [s for s in free if sizes[s] >= size]
             if fits:
                 slot[name] = min(fits, key=lambda s: sizes[s])
@@ -306,9 +299,7 @@ class CompiledProgram:
         for step in self.steps:
             if step.kernel.output not in self.constants:
                 name = step.kernel.output
-                out = None if name in fresh else self._buffer(plan, name)
-                room = self.buffers[plan.slot[name]] if out is not None and step.room else None
-                dispatch.add(step, out, room)
+                dispatch.add(step, None if name in fresh else self._buffer(plan, name))
         return dispatch
 
     def _buffer(self, plan: BufferPlan, name: str) -> np.ndarray:
@@ -581,12 +572,11 @@ def _options(step: Step, dtype: str) -> list[Step]:
 
 
 def _stopwatch(call: Callable, samples: list[float]) -> Callable:
-    def timed(values, out, *room):
+    def timed(values, out):
         start = time.perf_counter()
-        call(values, out, *room)
+        call(values, out)
         samples.append(time.perf_counter() - start)
 
-    timed.room = getattr(call, "room", 0)
     return timed
 
 
@@ -611,13 +601,11 @@ def _timing_call(step: Step, dtype: str, rng) -> Callable[[], None]:
     if hasattr(step.call, "prepare"):
         for each in turns:
             each.update(step.call.prepare(each))
-    size = int(np.prod(step.kernel.expr.shape))
-    room = aligned_empty((max(size, step.room),), dtype)  # as a program's planned buffer gives it
-    out = (room[:size].reshape(step.kernel.expr.shape), *((room,) if step.room else ()))  # (out[, room])
+    out = aligned_empty(step.kernel.expr.shape, dtype)
     if len(turns) == 1:
-        return lambda: step.call(values, *out)
+        return lambda: step.call(values, out)
     cycle = itertools.cycle(turns)
-    return lambda: step.call(next(cycle), *out)
+    return lambda: step.call(next(cycle), out)
 
 
 def _fresh_copy(array: np.ndarray) -> np.ndarray:
