@@ -1,52 +1,51 @@
-"""A matrix product over a weight, the weight laid out once: in panels (``packed_call``), or
-k-major with the product computed transposed (``transposed_call``, below).
+"""A product over a weight, the weight laid out once: in panels along the product's lanes
+(``packed_call``), or k-major with the product computed transposed (``transposed_call``, below).
 
-For a matched ``C[b, m, n] = A[b, m, :] @ B[b, :, n]`` (a ``GemmMatch``) whose B is a model
-weight (``Kernel.weights``), the weight is copied once, when the program's weights are bound, into
-panels of ``PANEL`` columns, ``P[b, j, k, l] = B[b, k, PANEL*j + l]`` (zero past the last
-column), so that each step of the sum reads one contiguous vector and the whole weight streams
-from memory in order. A is read as it lies. The product is then the scope
-
-    C[b, m, j, l] = S k ; A[b, m, k] * P[b, j, k, l]        (C is the output, in whole panels)
-
-compiled by TVM like any other (``compile_scope``: lanes along l, a register tile of rows of m
-sharing each panel vector; where no divisor of m makes a tile, the last one is guarded). This
-is how onnxruntime's MLAS runs a MatMul with a constant weight; the BLAS call (numpy's) copies
-the weight into its own panels on every call.
+A kernel that sums over a weight ``W`` read along its vector lanes (a Matmul's ``B[k, j]``, or
+an eOperator with that product inside it and its epilogue around it: a bias, a GELU) reads W
+from panels of ``PANEL`` columns along the lanes' dimension, ``P[jo, k, l] = W[k, PANEL*jo + l]``
+(``tvm_kernel.panel_layout``; other dimensions of W kept between), copied once, when the
+program's weights are bound. Each step of the sum then reads one contiguous run of the panel,
+and the whole weight streams from memory in order; reading W as it lies, each step reads two
+vectors N floats past the last step's. The kernel is the kernel's own scope, compiled by TVM like
+any other, its schedule naming W as given in panels (``Schedule.panels``): TVM's index arithmetic
+turns ``P[j / 32, k, j % 32]`` back into whole vectors, since a register tile's row of two
+vectors (``_tile_width``) is one panel. The other operand is read as it lies. This is how
+onnxruntime's MLAS runs a MatMul with a constant weight; the BLAS call (numpy's) copies the
+weight into its own panels on every call. Measured here (AMD Zen 5, ``bench/products_vs_mlas.py``,
+weights cold, ms): 197x3072 @ 768 2.52 as it lies, 1.95 in panels (onnxruntime 2.05).
 
 A panel is two vectors wide (32 columns of float32), so each row of the register tile is two
-vectors sharing one broadcast read of A. Against one-vector panels (AMD Zen 5,
-``bench/products_vs_mlas.py``, weights cold, ms): 197x3072 @ 768 2.76 to 2.22 (onnxruntime 2.10),
-197x768 @ 3072 2.77 to 2.16 (2.10), 32x3072 @ 768 0.51 to 0.46 (0.57).
+vectors sharing one broadcast read of the other operand. Against one-vector panels: 197x3072 @
+768 2.76 to 2.22 (onnxruntime 2.10), 197x768 @ 3072 2.77 to 2.16 (2.10), 32x3072 @ 768 0.51 to
+0.46 (0.57).
 
-A was once laid out k-major first (``T[b, k, m] = A[b, m, k]``, by a small transposition kernel
-on every call), since on an older machine (AMD EPYC) the tile's rows read as A lies, K floats
-apart, mapped to one set of the 8-way L1 cache and evicted each other (197x3072 @ 768: 4.66 ms
-as A lies, 4.58 k-major including the transposition). On this one (Zen 5, 12-way L1) A as it lies
-is faster and the transposition goes: ms per call, weights cold, the two interleaved in one
-process, k-major then as it lies: 197x3072 @ 768 2.55 to 2.06, 197x768 @ 3072 2.20 to 1.94,
-32x3072 @ 768 0.78 to 0.68, 3136x384 @ 96 1.18 to 0.90. In a model the transposition cost more
-than alone: ViT-Base's 197x3072 one took 0.31 ms where the program ran it, 0.10 ms alone.
+The other operand was once laid out k-major first (``T[k, m] = A[m, k]``, by a small
+transposition kernel on every call), since on an older machine (AMD EPYC) a register tile's
+rows read as A lies, K floats apart, mapped to one set of the 8-way L1 cache and evicted each
+other (197x3072 @ 768: 4.66 ms as A lies, 4.58 k-major including the transposition). On this
+one (Zen 5, 12-way L1) A as it lies is faster and the transposition went: ms per call, weights
+cold, the two interleaved in one process, k-major then as it lies: 197x3072 @ 768 2.55 to 2.06,
+197x768 @ 3072 2.20 to 1.94, 32x3072 @ 768 0.78 to 0.68, 3136x384 @ 96 1.18 to 0.90. In a model
+the transposition cost more than alone: ViT-Base's 197x3072 one took 0.31 ms where the program
+ran it, 0.10 ms alone.
 
 Which implementation wins depends on the shape, so they are raced.
 
-``packed_call(kernel, dtype)`` returns the call, or None where B is not a weight. The call's
-``prepare(values)`` gives the panels of B to keep with the program's constants (``bind``); the
-call packs B itself (every call, slower) only where they are missing.
+``packed_call(kernel, dtype)`` returns the call, or None where no weight is read so. The call's
+``prepare(values)`` gives the panels to keep with the program's constants (``bind``); the call
+lays a weight out itself (every call, slower) only where they are missing.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from rewriter.ir import parse
+from rewriter.index import index_bounds
+from rewriter.ir import Scope, Tensor, Var, accesses, index_vars, nested_scopes, parse
 from rewriter.lower import GemmMatch, Kernel, operand_view
 
-from .tvm_kernel import TvmKernel, aligned_empty, compile_scope, is_aligned
-
-PANEL = 32  # columns per panel: two AVX-512 vectors of float32 (a register tile row two vectors wide)
+from .tvm_kernel import PANEL, Schedule, aligned_empty, compile_scope, is_aligned, panel_layout, viewed
 
 
 def packed_name(tensor: str) -> str:
@@ -55,79 +54,55 @@ def packed_name(tensor: str) -> str:
 
 
 def packed_call(kernel: Kernel, dtype: str):
-    """``(values, out) -> None`` for the matmul ``kernel`` with its weight in panels, or None."""
-    match = kernel.match
-    if not isinstance(match, GemmMatch) or match.b.tensor not in kernel.weights or match.a.tensor == match.b.tensor:
-        return None
-    return _Packed(match, np.dtype(dtype))
+    """``(values, out) -> None`` for ``kernel`` with its weights read along its lanes in panels,
+    or None where it reads none so."""
+    found = {name: _lanes_dimension(kernel.expr, name) for name in sorted(kernel.weights)}
+    panels = tuple((name, dim) for name, dim in found.items() if dim is not None)
+    return _Packed(kernel, np.dtype(dtype), panels) if panels else None
+
+
+def _lanes_dimension(expr: Scope, name: str) -> int | None:
+    """The dimension of tensor ``name`` that every read of it indexes by the innermost traversal
+    iterator (the vector lanes) of a scope that sums, within its bounds; None where some read
+    does not (a view of it, a read along another loop, one that may fall outside)."""
+    found = set()
+    for scope in (expr, *nested_scopes(expr)):
+        for access in accesses(scope.body):
+            if not (isinstance(access.source, Tensor) and access.source.name == name):
+                continue
+            if not scope.summation or not scope.traversal or access.source.rank < 2:
+                return None
+            lanes = scope.traversal[-1].name
+            dims = [d for d, ix in enumerate(access.indices) if ix == Var(lanes)]
+            if len(dims) != 1 or sum(lanes in index_vars(ix) for ix in access.indices) != 1:
+                return None
+            for ix, size in zip(access.indices, access.source.shape):
+                lo, hi = index_bounds(ix, scope.box)
+                if lo < 0 or hi >= size:
+                    return None
+            found.add(dims[0])
+    return found.pop() if len(found) == 1 else None
 
 
 class _Packed:
-    """The call; its buffers (A where its view is not contiguous, C in whole panels where the
-    output is not) are allocated once."""
+    """The call: the kernel's own scope compiled with ``panels`` read from their layout."""
 
-    def __init__(self, match: GemmMatch, dtype: np.dtype):
-        self.match, self.dtype = match, dtype
-        batches, m, k = match.a.shape
-        n = match.b.shape[2]
-        self.m, self.k, self.n = m, k, n
-        self.panels = math.ceil(n / PANEL)
-        # an operand broadcast over the batch (stride 0) is kept once
-        self.a_batch = 1 if match.a.strides[0] == 0 else batches
-        self.b_batch = 1 if match.b.strides[0] == 0 else batches
-        self.batches = batches
-        self.kernel = _compile(self.a_batch, self.b_batch, batches, m, k, self.panels, str(dtype))
-        self.a_buffer = aligned_empty((self.a_batch, m, k), dtype)  # A where its view is not contiguous
-        self.c_buffer = aligned_empty((batches, m, self.panels, PANEL), dtype)
-        # C lands in the output as it lies: no copy (where the output is aligned)
-        self.direct = self.panels * PANEL == n and tuple(match.out_strides[1:]) == (n, 1)
-        self.direct &= batches == 1 or match.out_strides[0] == m * n
-
-    @property
-    def name(self) -> str:
-        return packed_name(self.match.b.tensor)
+    def __init__(self, kernel: Kernel, dtype: np.dtype, panels: tuple[tuple[str, int], ...]):
+        self.dtype, self.panels = dtype, panels
+        self.compiled = compile_scope(kernel.expr, dtype=str(dtype), schedule=Schedule(panels=panels))
+        laid = dict(panels)
+        self.names = [(packed_name(n), n, laid[n]) if n in laid else (n, n, None) for n in self.compiled.inputs]
 
     def prepare(self, values: dict) -> dict[str, np.ndarray]:
-        """B's panels (none where ``values`` lacks B), to keep with the program's constants."""
-        if self.match.b.tensor not in values:
-            return {}
-        b = operand_view(values, self.match.b)[: self.b_batch]
-        wide = np.zeros((self.b_batch, self.k, self.panels * PANEL), self.dtype)  # zero past column n
-        wide[:, :, : self.n] = b
-        panels = aligned_empty((self.b_batch, self.panels, self.k, PANEL), self.dtype)
-        panels[...] = wide.reshape(self.b_batch, self.k, self.panels, PANEL).transpose(0, 2, 1, 3)
-        return {self.name: panels}
+        """The panels of the weights ``values`` holds, to keep with the program's constants."""
+        return {packed_name(n): panel_layout(values[n], d, self.dtype) for n, d in self.panels if n in values}
 
     def __call__(self, values: dict, out: np.ndarray) -> None:
-        panels = values.get(self.name)
-        if panels is None:  # not bound: B changes from call to call
-            panels = self.prepare(values)[self.name]
-        a = operand_view(values, self.match.a)[: self.a_batch]
-        if not (a.flags.c_contiguous and is_aligned(a)):
-            self.a_buffer[...] = a
-            a = self.a_buffer
-        arguments = {"A": a[0] if self.a_batch == 1 else a, "P": panels[0] if self.b_batch == 1 else panels}
-        if self.direct and is_aligned(out):
-            self.kernel.run(arguments, out.reshape(self.c_buffer.shape))
-            return
-        self.kernel.run(arguments, self.c_buffer)
-        product = self.c_buffer.reshape(self.batches, self.m, self.panels * PANEL)[:, :, : self.n]
-        target = np.lib.stride_tricks.as_strided(
-            out.reshape(-1), product.shape, tuple(s * out.itemsize for s in self.match.out_strides)
-        )
-        np.copyto(target, product)
-
-
-def _compile(a_batch: int, b_batch: int, batches: int, m: int, k: int, panels: int, dtype: str) -> TvmKernel:
-    """The product of A and the panels as a scope, compiled (and cached on disk) like any other."""
-    a = "A[b, m, k]" if a_batch > 1 else "A[m, k]"
-    p = "P[b, j, k, l]" if b_batch > 1 else "P[j, k, l]"
-    shapes = {
-        "A": (a_batch, m, k) if a_batch > 1 else (m, k),
-        "P": (b_batch, panels, k, PANEL) if b_batch > 1 else (panels, k, PANEL),
-    }
-    scope = parse(f"L b:{batches}, m:{m}, j:{panels}, l:{PANEL} ; S k:{k} ; {a} * {p}", shapes)
-    return compile_scope(scope, dtype=dtype)
+        arguments = [
+            values[given] if given in values else panel_layout(values[name], dim, self.dtype)  # not bound: every call
+            for given, name, dim in self.names
+        ]
+        self.compiled.function(*viewed([*arguments, out], self.compiled.views))
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ a ``CompiledProgram``:
 * a matched operator runs the implementations its record lists for this backend
   (``Operator.implementations["cpu"]``, ``rewriter.lower.operators``), raced by measurement:
   "blas" (Matmul / BatchMatmul: numpy's BLAS on strided views of the operands, in place, by
-  the strides the iterator mapping table found), "packed" (Matmul / BatchMatmul whose right
-  operand is a weight: TVM over the weight laid out in panels once, ``codegen.packed``),
+  the strides the iterator mapping table found), "packed" (a kernel summing over a weight read
+  along its vector lanes, a Matmul's or an eOperator's with its epilogue: its scope by TVM, the
+  weight laid out in panels once, ``codegen.packed``),
   "transposed" (Matmul over one weight whose output runs along the other operand: the product
   computed with lanes along the weight's rows, over the weight laid out k-major in panels once, then
   transposed into the output, ``codegen.packed``),
@@ -16,7 +17,8 @@ a ``CompiledProgram``:
   output channels once, ``codegen.panels``), "band" (a band matmul
   as blocked batched BLAS, ``codegen.band``), "tvm" (its scope compiled by TVM,
   ``codegen.tvm_kernel``);
-* an eOperator is its scope compiled by TVM; ``tune`` races a few TVM schedules per kernel;
+* an eOperator is its scope compiled by TVM, raced against "packed" where that applies; ``tune``
+  races a few TVM schedules per kernel;
 * an opaque operation (a gather by run-time indices) runs its numpy function, "opaque";
 * kernels that read only weights run once, when ``bind`` is given their values (OLLIE 5.4), and
   the weights an implementation reads laid out are laid out then (``prepare``).
@@ -62,7 +64,7 @@ from .tvm_kernel import (
 )
 
 BACKEND = "cpu"  # the key of this code generator's implementations in an operator record
-EOP_IMPLEMENTATIONS = ("tvm",)  # an eOperator is compiled from its scope
+EOP_IMPLEMENTATIONS = ("tvm", "packed")  # an eOperator is compiled from its scope (its weights in panels)
 
 
 def _blas_call(kernel: Kernel, dtype: str):

@@ -164,9 +164,34 @@ class Schedule:
     block: int = (
         32  # a summation-free stage whose lanes gather: rows of the loop its reads run along, inside (transposes)
     )
+    # weights the kernel reads from panels, (tensor, its dimension along the lanes): the caller
+    # lays each out once (``panel_layout``) and passes that in its place (``codegen.packed``)
+    panels: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self):  # a saved schedule's panels come back as lists
+        object.__setattr__(self, "panels", tuple((str(n), int(d)) for n, d in self.panels))
 
 
 DEFAULT_SCHEDULE = Schedule()
+PANEL = 32  # a panel's width: two AVX-512 vectors of float32 (a register tile's row two vectors wide)
+
+
+def panel_shape(shape, dim: int) -> tuple[int, ...]:
+    """The shape of a tensor laid out in panels along ``dim``: ``(panels, other dims.., PANEL)``."""
+    rest = [d for k, d in enumerate(shape) if k != dim]
+    return (-(-shape[dim] // PANEL), *rest, PANEL)
+
+
+def panel_layout(value: np.ndarray, dim: int, dtype) -> np.ndarray:
+    """``value`` in panels of ``PANEL`` along ``dim`` (zero past its end), aligned:
+    ``P[j, rest.., l] = value[.., PANEL*j + l (at dim), ..]``."""
+    moved = np.moveaxis(np.asarray(value), dim, -1)
+    count = -(-moved.shape[-1] // PANEL)
+    wide = np.zeros((*moved.shape[:-1], count * PANEL), dtype)
+    wide[..., : moved.shape[-1]] = moved
+    panels = aligned_empty(panel_shape(value.shape, dim), dtype)
+    panels[...] = np.moveaxis(wide.reshape(*moved.shape[:-1], count, PANEL), -2, 0)
+    return panels
 
 
 def cache_dir() -> Path:
@@ -270,14 +295,17 @@ class _Building:
 class _Lowering:
     """The stages of one kernel: inputs are placeholders, every non-inlined scope a stage."""
 
-    def __init__(self, scope: Scope, dtype: str, pad: bool | str, ix_dtype: str, lanes: int = 1):
+    def __init__(self, scope: Scope, dtype: str, pad: bool | str, ix_dtype: str, lanes: int = 1, panels=()):
         self.dtype = dtype
         self.pad = pad
         self.lanes = lanes  # the target's vector lanes: a summing stage may be widened to whole vectors
         self.ix_dtype = ix_dtype
         self.fits_int32 = True  # no index or buffer offset can exceed int32 (else lower with int64)
+        self.panels = dict(panels)  # tensors given in panels -> their dimension along the lanes
+        shapes = tensor_shapes(scope)
         self.inputs = {
-            name: tvm.te.placeholder(self._shape(shape), dtype, name) for name, shape in tensor_shapes(scope).items()
+            name: tvm.te.placeholder(self._shape(_given_shape(name, shape, self.panels)), dtype, name)
+            for name, shape in shapes.items()
         }
         self.scopes: dict[Scope, tvm.te.Tensor] = {}
         self.readers = _readers(scope)
@@ -293,7 +321,7 @@ class _Lowering:
     # -- stages
     def stage(self, scope: Scope, name: str) -> tvm.te.Tensor:
         """The stage computing ``scope`` over its box (memoised: equal scopes share a value)."""
-        wider = _widened(scope, self.lanes) if self.pad is True and scope not in self.scopes else None
+        wider = _widened(scope, self.lanes, name != "out") if self.pad is True and scope not in self.scopes else None
         if wider is not None and name == "out":  # the output is the box copied out of the wider stage
             self.scopes[scope] = self.stage(
                 Scope(scope.traversal, (), wider[tuple(Var(it.name) for it in scope.traversal)]), name
@@ -494,12 +522,25 @@ class _Lowering:
         if split > 1:
             last, ir = self.deinterleaved(indices[-1], lows[-1], split, env, box)
             position, recorded = position[:-1] + last, recorded[:-1] + ir
-        load = buffer[position]
         buffer_shape = tuple(int(d) for d in buffer.shape)
+        guards = self._guards(checks, env, box)
+        if isinstance(source, Tensor) and source.name in self.panels:
+            if padding or split > 1 or guards:
+                raise CodegenError(f"{source.name} in panels is read outside its bounds in {self.building[-1].scope}")
+            position, buffer_shape = self.in_panels(position, self.panels[source.name]), shape  # seen as it lies
+        load = buffer[position]
         self.building[-1].reads.append((recorded, buffer_shape))
         self.fits_int32 = self.fits_int32 and _fits_int32(indices, lows, buffer_shape, box)
-        guards = self._guards(checks, env, box)
         return tvm.tirx.if_then_else(tvm.tirx.all(*guards), load, self.zero) if guards else load
+
+    def in_panels(self, position, dim: int) -> tuple:
+        """Where a tensor's element lies in its panels along ``dim`` (``panel_layout``): a
+        vector of lanes along ``dim`` is one contiguous run there, since the scheduler's lanes
+        and a register tile's row (``_tile_width``) divide a panel."""
+        panel = tvm.tirx.const(PANEL, self.ix_dtype)
+        along = position[dim]
+        rest = [x for k, x in enumerate(position) if k != dim]
+        return (tvm.tirx.floordiv(along, panel), *rest, tvm.tirx.floormod(along, panel))
 
     def _guards(self, checks, env, box) -> list:
         """``lo <= index < hi`` for each check the index's bounds over ``box`` do not prove."""
@@ -598,15 +639,20 @@ def _fits_int32(indices, lows, shape, box) -> bool:
     return max(subs + [offset, math.prod(shape)]) <= _INT32
 
 
-def lower_to_te(scope: Scope, dtype: str, pad: bool | str, lanes: int = 1) -> _Lowering:
+def _given_shape(name: str, shape, panels) -> tuple[int, ...]:
+    return panel_shape(shape, panels[name]) if name in panels else tuple(shape)
+
+
+def lower_to_te(scope: Scope, dtype: str, pad: bool | str, lanes: int = 1, panels=()) -> _Lowering:
     """``scope`` as TVM tensor expressions (its stages, the placeholders ``inputs`` named by the
     scope's tensors, the ``output`` stage named "out"): int32 indices (the fast common case),
     int64 where a far read needs them. Both targets, CPU here and CUDA (``codegen.cuda_kernel``),
     start from it. A zero-padded read is guarded (``pad=False``), a padding stage where a guard
     would vary along vector lanes (``pad=True``), or always a padding stage, no guard written
-    inside a compute (``pad=PAD_EVERY``: schedules that re-index reads keep the guards)."""
-    lowering = _Lowering(scope, dtype, pad, "int32", lanes)
-    return lowering if lowering.fits_int32 else _Lowering(scope, dtype, pad, "int64", lanes)
+    inside a compute (``pad=PAD_EVERY``: schedules that re-index reads keep the guards). The
+    tensors in ``panels`` (name -> dimension) are given laid out in panels (``panel_layout``)."""
+    lowering = _Lowering(scope, dtype, pad, "int32", lanes, panels)
+    return lowering if lowering.fits_int32 else _Lowering(scope, dtype, pad, "int64", lanes, panels)
 
 
 # Strides up to this are read through a deinterleaved copy (``_Lowering._split``): convolutions
@@ -614,7 +660,7 @@ def lower_to_te(scope: Scope, dtype: str, pad: bool | str, lanes: int = 1) -> _L
 _DEINTERLEAVED = 4
 
 
-def _widened(scope: Scope, lanes: int) -> Scope | None:
+def _widened(scope: Scope, lanes: int, nested: bool = False) -> Scope | None:
     """``scope`` over a wider box, or None: a summing scope whose innermost traversal extent no
     vector of at least half the ``lanes`` divides (ViT's 197 tokens: one lane) is computed with
     that extent rounded up to whole vectors (where at most a quarter of their lanes fall past
@@ -629,12 +675,15 @@ def _widened(scope: Scope, lanes: int) -> Scope | None:
     widened to 208, 0.21 with the rows' too (numpy's BLAS 0.43). Here, where the box is copied
     out anyway, whole tiles still beat the guarded ones ``_tile_axis`` makes elsewhere (0.215-0.221
     ms against 0.230-0.242, two runs of each)."""
-    if not scope.summation or not scope.traversal or lanes < 2 or _lanes(scope.traversal[-1].size, lanes) * 2 > lanes:
+    if not scope.summation or not scope.traversal or lanes < 2:
         return None
     inner = scope.traversal[-1].name
+    narrow = _lanes(scope.traversal[-1].size, lanes) * 2 <= lanes
+    if not (narrow or nested):
+        return None
     if any(_stride(inner, a.indices, a.source.shape) not in (0, 1) for a in accesses(scope.body)):
         return None  # whole vectors that gather (a softmax's maximum along rows) gain nothing
-    sizes = {inner: _rounded_up(scope.traversal[-1].size, lanes, _LANES_WASTE)}
+    sizes = {inner: _rounded_up(scope.traversal[-1].size, lanes, _LANES_WASTE) if narrow else scope.traversal[-1].size}
     if sizes[inner] is None:
         return None
     vectors = sizes[inner] // lanes
@@ -645,6 +694,8 @@ def _widened(scope: Scope, lanes: int) -> Scope | None:
         tile = max(others, key=lambda it: _shared_elements(reads, inner, it.name))
         if _lanes(tile.size, rows) * 2 <= rows and _rounded_up(tile.size, rows):
             sizes[tile.name] = _rounded_up(tile.size, rows)
+    if not narrow and len(sizes) == 1:
+        return None
     return scope.with_traversal(Iterator(it.name, it.lo, it.lo + sizes.get(it.name, it.size)) for it in scope.traversal)
 
 
@@ -1011,8 +1062,8 @@ def _epilogue_at_tile(sch: tvm.s_tir.Schedule, stage: _Stage, readers: Counter) 
     summing = [t for t in stage.tensor.op.input_tensors if getattr(t.op, "reduce_axis", None)]
     if len(summing) != 1 or readers[summing[0].op] != 1:
         return
-    if tuple(int(d) for d in summing[0].shape) != tuple(stage.shape):
-        return  # the tiles of the sums would cover only part of the stage
+    if any(int(d) < e for d, e in zip(summing[0].shape, stage.shape)):
+        return  # the tiles of the sums would cover only part of the stage (a wider stage is fine)
     if not _reads_elementwise(sch.get(block), summing[0].op.name):
         return
     producer = summing[0].op.name
@@ -1109,7 +1160,9 @@ def _module(scope: Scope, dtype: str, params: Schedule, target) -> tvm.IRModule:
     """The kernel's module under ``params``, or its plain loops (always sound) when a schedule
     primitive refuses ``params``."""
     lanes = _native_lanes(target, dtype) if target.kind.name == "llvm" else 1
-    lowering = lower_to_te(merge_loops(scope), dtype, params.pad, lanes if params.vector is None else params.vector)
+    merged = merge_loops(scope)
+    lanes = lanes if params.vector is None else params.vector
+    lowering = lower_to_te(merged, dtype, params.pad, lanes, _panels(scope, merged, params))
     try:
         return _scheduled(lowering, params, target)
     except _fallback():
@@ -1156,7 +1209,7 @@ class TvmKernel:
         self.from_cache = from_cache
         self._module = module  # keeps the loaded library alive while its function is in use
         self.function = module["main"]  # called by position: the inputs in ``inputs``' order, then the output
-        self.views = views or _views(scope)  # the shapes the function takes: its buffers' views
+        self.views = views or _views(scope, schedule.panels)  # the shapes the function takes: its buffers' views
 
     def renamed(self, scope: Scope) -> TvmKernel:
         """The same machine code for ``scope``, this kernel's scope with its tensors renamed
@@ -1215,12 +1268,22 @@ class TvmKernel:
         return f"TvmKernel({self.scope}, dtype={self.dtype}, schedule={self.schedule})"
 
 
-def _views(scope: Scope) -> tuple[tuple[int, ...], ...]:
+def _views(scope: Scope, panels=()) -> tuple[tuple[int, ...], ...]:
     """The shapes a kernel compiled here for ``scope`` takes: its inputs', then its output's,
-    with the dimensions of merged loops merged (``merge_loops``)."""
+    with the dimensions of merged loops merged (``merge_loops``); a tensor in panels, its panels'."""
     merged = merge_loops(scope)
     shapes = tensor_shapes(merged)
-    return (*(shapes[name] for name in tensor_shapes(scope)), merged.shape)
+    given = dict(panels)
+    return (*(_given_shape(name, shapes[name], given) for name in tensor_shapes(scope)), merged.shape)
+
+
+def _panels(scope: Scope, merged: Scope, params: Schedule) -> dict[str, int]:
+    """The schedule's tensors in panels, each checked: one the merged loops reshape cannot be."""
+    before, after = tensor_shapes(scope), tensor_shapes(merged)
+    for name, dim in params.panels:
+        if name not in before or not 0 <= dim < len(before[name]) or after[name] != before[name]:
+            raise CodegenError(f"{name} cannot be read from panels along dimension {dim} in {scope}")
+    return dict(params.panels)
 
 
 def unmerged_views(scope: Scope) -> tuple[tuple[int, ...], ...]:

@@ -381,27 +381,28 @@ def test_a_packed_matmul_lays_its_weight_out_once_when_bound(text, shapes):
     _close(unbound(**inputs), evaluate(expr, inputs), 1e-5)  # B given per call: packed per call
 
 
-def test_a_packed_product_reads_a_as_it_lies_and_writes_into_its_planned_buffer():
-    """13 rows, a prime: A is read where it lies (no copy of it), the last register tile of rows
-    guarded, and C is written where the program planned its output (no copy out of a buffer of
-    the call's own); a tensor live beside it keeps its values."""
-    shapes = {"A": (13, 20), "B": (20, 32)}
-    expr = parse("L m:13, n:32 ; S k:20 ; A[m, k] * B[k, n]", shapes)
-    (product,) = postprocess(instantiate(expr), weights=("B",)).kernels
-    product = replace(product, output="P")
-    kept = Kernel("eop", "T", parse("L m:13, k:20 ; 2 * A[m, k]", shapes))
-    last = Kernel("eop", "out", parse("L m:13, n:32 ; P[m, n] + T[m, 0]", {"P": (13, 32), "T": (13, 20)}))
-    steps = [_step(kept, "tvm", "float32"), _step(product, "packed", "float32"), _step(last, "tvm", "float32")]
-    packed = steps[1].call
-    assert packed.direct and tuple(packed.kernel.scope.shape[1:]) == (13, 1, 32)
-    program = CompiledProgram(steps, {"A": shapes["A"]}).bind({"B": np.random.default_rng(1).uniform(-1, 1, (20, 32))})
-    plan = plan_buffers(program.steps, {"out"})
-    assert plan.sizes[plan.slot["P"]] == 13 * 32 and plan.slot["P"] != plan.slot["T"]
-    a = np.random.default_rng(0).uniform(-1, 1, shapes["A"])
-    want = a @ program.constants["B"] + 2 * a[:, :1]
-    packed.a_buffer[...] = packed.c_buffer[...] = np.nan  # neither is read or written on this path
-    _close(program(A=a), want, 1e-5)
-    assert np.isnan(packed.a_buffer).all() and np.isnan(packed.c_buffer).all()
+def test_an_eoperator_summing_over_a_weight_along_its_lanes_reads_the_weight_from_panels():
+    """A product with its bias and ReLU around it, one kernel: "packed" compiles the kernel's own
+    scope with B read from panels laid out once at bind (C, read by no sum, stays as it lies),
+    13 rows (a prime, the last register tile guarded) and 40 columns (a panel and a part)."""
+    from codegen.packed import packed_call
+
+    shapes = {"A": (13, 20), "B": (20, 40), "C": (40,)}
+    expr = parse("L m:13, n:40 ; relu({ L m:13, n:40 ; S k:20 ; A[m, k] * B[k, n] }[m, n] + C[n])", shapes)
+    kernel = Kernel("eop", "out", expr, None, False, frozenset({"B", "C"}))
+    assert "packed" in implementations(kernel)
+    step = _step(kernel, "packed", "float32")
+    assert step.call.panels == (("B", 1),)
+    inputs = random_inputs(expr, 2)
+    program = CompiledProgram([step], {"A": shapes["A"]}).bind({n: inputs[n] for n in "BC"})
+    assert set(program.prepared) == {"B.panels"} and program.prepared["B.panels"].shape == (2, 20, 32)
+    _close(program(A=inputs["A"]), evaluate(expr, inputs), 1e-5)
+    unbound = CompiledProgram([step], tensor_shapes(expr))  # B given per call: laid out per call
+    _close(unbound(**inputs), evaluate(expr, inputs), 1e-5)
+    across = parse("L n:40, m:13 ; S k:20 ; A[m, k] * B[k, n]", shapes)  # lanes along m: B not along them
+    shifted = parse("L m:13, n:40 ; S k:20 ; A[m, k] * B[k, n+1]", shapes)  # past B's last column
+    for other in (across, shifted):
+        assert packed_call(Kernel("eop", "out", other, None, False, frozenset({"B"})), "float32") is None
 
 
 def test_a_matmul_reading_no_weight_has_no_packed_implementation():
@@ -566,7 +567,10 @@ def test_the_in_place_race_takes_a_fused_kernel_apart_where_its_kernels_apart_ru
         time.sleep(0.002)
         fused.compiled.run(values, out)
 
-    program = CompiledProgram([replace(fused, call=late)], {"X": (16, 32)}).bind({"W": np.ones((32, 24))})
+    slow = replace(
+        fused, call=late, kernel=replace(fused.kernel, weights=frozenset())
+    )  # (none in panels: no faster packed)
+    program = CompiledProgram([slow], {"X": (16, 32)}).bind({"W": np.ones((32, 24))})
     elsewhere = [replace(step, kernel=step.kernel.renamed({"X": "gone"})) for step in apart.steps]
     raced = race_in_place(program, {"out": [elsewhere, apart.steps]}, rounds=3)  # "gone" is no input: left out
     assert [s.kernel.kind for s in raced.steps] == ["matmul", "eop"]

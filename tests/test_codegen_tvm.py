@@ -15,7 +15,16 @@ import tvm
 from hypothesis import given, settings
 
 from codegen import CodegenError, Schedule, TvmKernel, candidate_schedules, compile_scope
-from codegen.tvm_kernel import _scheduled, cache_path, host_target, lower_to_te, physical_cores
+from codegen.tvm_kernel import (
+    _scheduled,
+    aligned_copy,
+    aligned_empty,
+    cache_path,
+    host_target,
+    lower_to_te,
+    panel_layout,
+    physical_cores,
+)
 from rewriter import conv2d, conv_transpose2d, evaluate, g2bmm, matmul, parse
 from rewriter.cases import CASES
 from rewriter.testing.strategies import ALL_FUNCTIONS, expressions_with_inputs, random_inputs
@@ -350,6 +359,38 @@ def test_an_epilogue_reads_a_widened_stage_where_it_lies_without_a_copy_of_the_b
     listing = compile_scope(expr, dtype="float32", schedule=Schedule(vector=16)).listing()
     assert "T.sblock_alloc_buffer((1, 16, 64)" in listing and "T.sblock_alloc_buffer((1, 16, 49)" not in listing
     assert_matches(expr, random_inputs(expr, 10), dtype="float32", schedule=Schedule(vector=16))
+
+
+def test_a_products_rows_with_no_tile_dividing_them_widen_to_whole_tiles_under_its_epilogue():
+    """113 rows (a prime) of a product with its bias: the sums are widened to 126 rows, whole
+    register tiles of 14 rows of two vectors, and the bias runs inside the tile loop on a local
+    buffer (guarded tiles there kept every accumulator in memory: ViT's 197x768 @ 3072 with its
+    bias, 4.5 ms against 1.9 for the product alone)."""
+    expr = parse(
+        "L i0:113, i1:64 ; { L i:113, j:64 ; S k:16 ; A[i, k] * B[k, j] }[i0, i1] + C[i1]",
+        {"A": (113, 16), "B": (16, 64), "C": (64,)},
+    )
+    listing = compile_scope(expr, dtype="float32", schedule=Schedule(vector=16)).listing()
+    assert 'T.sblock_alloc_buffer((126, 64), scope="local")' in listing and "T.unroll(14)" in listing
+    assert "T.where" in listing.split("for k in")[1]  # the epilogue skips the rows past 113
+    assert_matches(expr, random_inputs(expr, 11), dtype="float32", schedule=Schedule(vector=16))
+
+
+def test_a_weight_given_in_panels_along_the_lanes_is_read_from_them():
+    """B read as ``B[j, k]``, its first dimension along the lanes: the kernel takes B in panels
+    of 32 rows (``panel_layout``: 40 rows in two, the second zero past its end) and computes
+    what the scope says; a read that may leave B's bounds cannot be read from panels."""
+    shapes = {"A": (5, 8), "B": (40, 8)}
+    expr = parse("L i:5, j:40 ; S k:8 ; A[i, k] * B[j, k]", shapes)
+    kernel = compile_scope(expr, dtype="float32", schedule=Schedule(panels=(("B", 0),)))
+    assert kernel.views[:2] == ((5, 8), (2, 8, 32))
+    inputs = random_inputs(expr, 3)
+    out = aligned_empty((5, 40), "float32")
+    kernel.run({"A": aligned_copy(inputs["A"], "float32"), "B": panel_layout(inputs["B"], 0, "float32")}, out)
+    np.testing.assert_allclose(out, evaluate(expr, inputs), rtol=1e-5, atol=1e-5)
+    shifted = parse("L i:5, j:40 ; S k:8 ; A[i, k] * B[j+1, k]", shapes)
+    with pytest.raises(CodegenError, match="panels"):
+        compile_scope(shifted, dtype="float32", schedule=Schedule(panels=(("B", 0),)))
 
 
 def test_a_padded_copy_read_through_a_division_compiles():
