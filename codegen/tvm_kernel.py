@@ -643,16 +643,17 @@ def _given_shape(name: str, shape, panels) -> tuple[int, ...]:
     return panel_shape(shape, panels[name]) if name in panels else tuple(shape)
 
 
-def lower_to_te(scope: Scope, dtype: str, pad: bool | str, lanes: int = 1, panels=()) -> _Lowering:
+def lower_to_te(scope: Scope, dtype: str, pad: bool | str, lanes: int = 1, panels=(), wide: bool = False) -> _Lowering:
     """``scope`` as TVM tensor expressions (its stages, the placeholders ``inputs`` named by the
     scope's tensors, the ``output`` stage named "out"): int32 indices (the fast common case),
     int64 where a far read needs them. Both targets, CPU here and CUDA (``codegen.cuda_kernel``),
     start from it. A zero-padded read is guarded (``pad=False``), a padding stage where a guard
     would vary along vector lanes (``pad=True``), or always a padding stage, no guard written
     inside a compute (``pad=PAD_EVERY``: schedules that re-index reads keep the guards). The
-    tensors in ``panels`` (name -> dimension) are given laid out in panels (``panel_layout``)."""
-    lowering = _Lowering(scope, dtype, pad, "int32", lanes, panels)
-    return lowering if lowering.fits_int32 else _Lowering(scope, dtype, pad, "int64", lanes, panels)
+    tensors in ``panels`` (name -> dimension) are given laid out in panels (``panel_layout``).
+    ``wide``: int64 indices whatever the reads reach."""
+    lowering = None if wide else _Lowering(scope, dtype, pad, "int32", lanes, panels)
+    return lowering if lowering and lowering.fits_int32 else _Lowering(scope, dtype, pad, "int64", lanes, panels)
 
 
 # Strides up to this are read through a deinterleaved copy (``_Lowering._split``): convolutions
@@ -1156,13 +1157,13 @@ def _used_ops(output: tvm.te.Tensor) -> set:
     return used
 
 
-def _module(scope: Scope, dtype: str, params: Schedule, target) -> tvm.IRModule:
+def _module(scope: Scope, dtype: str, params: Schedule, target, wide: bool = False) -> tvm.IRModule:
     """The kernel's module under ``params``, or its plain loops (always sound) when a schedule
-    primitive refuses ``params``."""
+    primitive refuses ``params``; ``wide``: with int64 indices."""
     lanes = _native_lanes(target, dtype) if target.kind.name == "llvm" else 1
     merged = merge_loops(scope)
     lanes = lanes if params.vector is None else params.vector
-    lowering = lower_to_te(merged, dtype, params.pad, lanes, _panels(scope, merged, params))
+    lowering = lower_to_te(merged, dtype, params.pad, lanes, _panels(scope, merged, params), wide)
     try:
         return _scheduled(lowering, params, target)
     except _fallback():
@@ -1170,8 +1171,16 @@ def _module(scope: Scope, dtype: str, params: Schedule, target) -> tvm.IRModule:
 
 
 def _compile(scope: Scope, dtype: str, params: Schedule, target):
+    """The compiled module; with int64 indices where TVM's own arithmetic on the int32 ones
+    overflows (it multiplies constants that ``_fits_int32`` never sees: a guard's bound by a
+    coefficient of a million), which only a far read makes."""
     try:
-        return tvm.compile(_module(scope, dtype, params, target), target=target)
+        try:
+            return tvm.compile(_module(scope, dtype, params, target), target=target)
+        except ValueError as err:
+            if "exceeds range of int32" not in str(err):
+                raise
+            return tvm.compile(_module(scope, dtype, params, target, wide=True), target=target)
     except (RuntimeError, ValueError, TypeError) as err:
         raise CodegenError(f"TVM could not compile {scope} (dtype {dtype}, {params}): {err}") from err
 

@@ -393,6 +393,17 @@ def test_a_weight_given_in_panels_along_the_lanes_is_read_from_them():
         compile_scope(shifted, dtype="float32", schedule=Schedule(panels=(("B", 0),)))
 
 
+def test_a_read_whose_bounds_tvm_multiplies_past_int32_compiles_with_int64_indices():
+    """Found by the property test: B's last index steps by a million, its bounds a few elements
+    wide; TVM's own arithmetic on the int32 guards overflowed while compiling."""
+    expr = parse(
+        "L i:-1..1, j:2, k:1 ; { L h:1, w:1, n:1 ; S c:1, r:1 ; A[h] }[1+i, 1+i, 1+i]"
+        " * { L s:-1..1, f:1, x:1 ; B[1+s+f, s+1, 1000003+s*1000003+f] }[1+2*i-j, k-i-1, -1-i]",
+        {"A": (1,), "B": (1, 1, 2)},
+    )
+    assert_matches(expr, random_inputs(expr, 0))
+
+
 def test_a_padded_copy_read_through_a_division_compiles():
     """Segformer's depthwise convolution over merged channel-rows: inside the parallel loop the
     padded slice would vary in size, so the copy stays apart."""
