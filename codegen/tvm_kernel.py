@@ -1129,18 +1129,19 @@ def _padding_at_reader(sch: tvm.s_tir.Schedule, stage: _Stage) -> tvm.s_tir.Sche
 
 
 def _reads_elementwise(block, buffer: str) -> bool:
-    """``block`` reads one element of ``buffer`` per iteration, at distinct block variables or
-    constants (no stencil, no broadcast along a summed axis): each tile needs only its own sums."""
+    """``block`` reads one element of ``buffer`` per iteration, at distinct block variables, or
+    at a constant along a dimension of one element (no stencil, no broadcast along a summed
+    axis, no one element read by every iteration): each tile needs only its own sums."""
     regions = [r for r in block.reads if r.source.name == buffer]
     if len(regions) != 1:
         return False
     names = []
-    for dim in regions[0].region:
+    for dim, size in zip(regions[0].region, regions[0].source.shape):
         if not isinstance(dim.extent, tvm.tirx.IntImm) or int(dim.extent) != 1:
             return False
         if isinstance(dim.min, tvm.tirx.Var):
             names.append(dim.min.name)
-        elif not isinstance(dim.min, tvm.tirx.IntImm):
+        elif not (isinstance(dim.min, tvm.tirx.IntImm) and int(size) == 1):
             return False
     return len(names) == len(set(names))
 

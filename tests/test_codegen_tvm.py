@@ -404,6 +404,15 @@ def test_a_read_whose_bounds_tvm_multiplies_past_int32_compiles_with_int64_indic
     assert_matches(expr, random_inputs(expr, 0))
 
 
+def test_a_reader_of_one_element_of_a_sum_stays_outside_its_tile_loop():
+    """Found by the property test: every iteration reads the sums' first element, which no tile
+    of the reader's own can be computed at (TVM refused with an internal error)."""
+    expr = parse("L i:3 ; { L j:3 ; S k:2, h:2 ; A[j+k] }[0]", {"A": (1,)})
+    for schedule in (Schedule(), Schedule(reduction_vector=True)):
+        _scheduled(lower_to_te(expr, "float64", schedule.pad), schedule, host_target())
+    assert_matches(expr, random_inputs(expr, 1))
+
+
 def test_a_padded_copy_read_through_a_division_compiles():
     """Segformer's depthwise convolution over merged channel-rows: inside the parallel loop the
     padded slice would vary in size, so the copy stays apart."""
