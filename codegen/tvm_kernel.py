@@ -492,6 +492,9 @@ class _Lowering:
                 return tvm.tirx.if_then_else(tvm.tirx.all(*guards), value, self.zero) if guards else value
         lows = [0] * source.rank if isinstance(source, Tensor) else [it.lo for it in source.traversal]
         shape = tuple(source.shape)
+        if isinstance(source, Tensor) and source.name in self.panels:  # zeros past the end, up to whole panels
+            dim = self.panels[source.name]
+            shape = shape[:dim] + (-(-shape[dim] // PANEL) * PANEL,) + shape[dim + 1 :]
         checks = conditions + [(ix, lo, lo + d) for ix, lo, d in zip(indices, lows, shape)]
         bounds = [index_bounds(ix, box) for ix, _, _ in checks]
         if any(b_hi < lo or b_lo >= hi for (_, lo, hi), (b_lo, b_hi) in zip(checks, bounds)):
@@ -679,7 +682,7 @@ def _widened(scope: Scope, lanes: int, nested: bool = False) -> Scope | None:
     if not scope.summation or not scope.traversal or lanes < 2:
         return None
     inner = scope.traversal[-1].name
-    narrow = _lanes(scope.traversal[-1].size, lanes) * 2 <= lanes
+    narrow = _lanes(scope.traversal[-1].size, lanes) < lanes
     if not (narrow or nested):
         return None
     if any(_stride(inner, a.indices, a.source.shape) not in (0, 1) for a in accesses(scope.body)):
@@ -1063,8 +1066,11 @@ def _epilogue_at_tile(sch: tvm.s_tir.Schedule, stage: _Stage, readers: Counter) 
     summing = [t for t in stage.tensor.op.input_tensors if getattr(t.op, "reduce_axis", None)]
     if len(summing) != 1 or readers[summing[0].op] != 1:
         return
+    wider = tuple(int(d) for d in summing[0].shape) != tuple(stage.shape)
     if any(int(d) < e for d, e in zip(summing[0].shape, stage.shape)):
         return  # the tiles of the sums would cover only part of the stage (a wider stage is fine)
+    if wider and getattr(getattr(stage.tensor.op.body[0], "op", None), "name", None) == "te.tensor_load":
+        return  # the output's box copied out of a widened stage: at the tile, a guard on every lane
     if not _reads_elementwise(sch.get(block), summing[0].op.name):
         return
     producer = summing[0].op.name

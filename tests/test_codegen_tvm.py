@@ -379,7 +379,7 @@ def test_a_products_rows_with_no_tile_dividing_them_widen_to_whole_tiles_under_i
 def test_a_weight_given_in_panels_along_the_lanes_is_read_from_them():
     """B read as ``B[j, k]``, its first dimension along the lanes: the kernel takes B in panels
     of 32 rows (``panel_layout``: 40 rows in two, the second zero past its end) and computes
-    what the scope says; a read that may leave B's bounds cannot be read from panels."""
+    what the scope says; a read that may fall before B's start cannot be read from panels."""
     shapes = {"A": (5, 8), "B": (40, 8)}
     expr = parse("L i:5, j:40 ; S k:8 ; A[i, k] * B[j, k]", shapes)
     kernel = compile_scope(expr, dtype="float32", schedule=Schedule(panels=(("B", 0),)))
@@ -388,7 +388,7 @@ def test_a_weight_given_in_panels_along_the_lanes_is_read_from_them():
     out = aligned_empty((5, 40), "float32")
     kernel.run({"A": aligned_copy(inputs["A"], "float32"), "B": panel_layout(inputs["B"], 0, "float32")}, out)
     np.testing.assert_allclose(out, evaluate(expr, inputs), rtol=1e-5, atol=1e-5)
-    shifted = parse("L i:5, j:40 ; S k:8 ; A[i, k] * B[j+1, k]", shapes)
+    shifted = parse("L i:5, j:40 ; S k:8 ; A[i, k] * B[j-1, k]", shapes)  # (past the end: zeros in panels)
     with pytest.raises(CodegenError, match="panels"):
         compile_scope(shifted, dtype="float32", schedule=Schedule(panels=(("B", 0),)))
 
