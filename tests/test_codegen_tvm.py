@@ -413,6 +413,20 @@ def test_a_reader_of_one_element_of_a_sum_stays_outside_its_tile_loop():
     assert_matches(expr, random_inputs(expr, 1))
 
 
+def test_56_columns_widen_to_whole_vectors_and_their_epilogue_runs_at_the_tile():
+    """A depthwise 3x3 over 56 columns (14-lane vectors before) with its bias: the sums are
+    computed over 64 columns, four whole vectors, and the bias runs inside the sums' loop on a
+    tile-sized local buffer, its guard skipping the 8 columns past the box."""
+    text = (
+        "L i0:1, i1:4, i2:6, i3:56 ; { L n:1, f:4, h:6, w:56 ; S r:3, s:3 ; X[n, f, h+r-1, w+s-1] * K[f, r, s] }"
+        "[0, i1, i2, i3] + B[i1]"
+    )
+    expr = parse(text, {"X": (1, 4, 6, 56), "K": (4, 3, 3), "B": (4,)})
+    listing = compile_scope(expr, dtype="float32", schedule=Schedule(vector=16)).listing()
+    assert re.search(r"T\.sblock_alloc_buffer\(\([^)]*, 64\), scope=\"local\"\)", listing)
+    assert_matches(expr, random_inputs(expr, 12), dtype="float32", schedule=Schedule(vector=16))
+
+
 def test_a_padded_copy_read_through_a_division_compiles():
     """Segformer's depthwise convolution over merged channel-rows: inside the parallel loop the
     padded slice would vary in size, so the copy stays apart."""
