@@ -666,10 +666,12 @@ _DEINTERLEAVED = 4
 
 def _widened(scope: Scope, lanes: int, nested: bool = False) -> Scope | None:
     """``scope`` over a wider box, or None: a summing scope whose innermost traversal extent no
-    vector of at least half the ``lanes`` divides (ViT's 197 tokens: one lane) is computed with
-    that extent rounded up to whole vectors (where at most a quarter of their lanes fall past
-    the end), and the loop its register tile would run along (the one whose rows share the most
-    vector reads) rounded up to whole tiles (where that adds at most an eighth). The kernel's
+    full vector divides (ViT's 197 tokens: one lane; 56 columns: 14) is computed with that
+    extent rounded up to whole vectors (where at most a quarter of their lanes fall past the
+    end), and the loop its register tile would run along (the one whose rows share the most
+    vector reads) rounded up to whole tiles (where that adds at most an eighth); a ``nested``
+    one (read by an epilogue, which then runs at its tile) has its tile's loop rounded up even
+    where the lanes' is whole (a guarded tile's accumulators stay in memory there). The kernel's
     output copies its box out of the wider stage; a stage reading a nested one reads the wider
     stage where it lies, within the box (an epilogue over 7x7 pixels widened to 64: 0.078 to
     0.075 ms for 960 channels over 160, ViT's scaled attention scores 0.255 to 0.223, against a
@@ -1059,7 +1061,9 @@ def _epilogue_at_tile(sch: tvm.s_tir.Schedule, stage: _Stage, readers: Counter) 
     activation after a product) runs inside that stage's tile loop, on each tile as soon as its
     sums are done, and the sums live in a tile-sized local buffer: not a whole tensor written to
     memory and read back (measured: a 1x1 convolution with its bias and clip in one kernel, 0.13
-    ms; the two kernels apart 0.14 + 0.05 ms; one kernel with a whole intermediate 0.6 ms)."""
+    ms; the two kernels apart 0.14 + 0.05 ms; one kernel with a whole intermediate 0.6 ms). Sums
+    widened past the stage's box (``_widened``) are read at their tile too, the stage guarded to
+    its box; not by the output's copy of its box, whose guard would sit on every lane."""
     if stage.summation or not stage.traversal:  # (a padded copy is wider than what it reads)
         return
     block = sch.get_sblock(stage.tensor.op.name)
