@@ -14,7 +14,8 @@ onnxruntime's output, then timed in one process, interleaved round by round
 (``vs_torch.interleaved``), in float32: onnxruntime with 2 intra-op threads and spinning off,
 PyTorch under ``no_grad``. Adds (or replaces) one row per model and ``--tune`` (TVM schedules
 raced per generated kernel, ``CpuBackend(tune=N)``) in bench/results/models_vs_runtimes.json,
-with the time the optimizer took and the BLP's figures.
+with the time the optimizer took, the BLP's figures, and the optimized program's kernel medians
+summed (``vs_torch.kernel_sums``: as recorded, and timed in place) beside its end-to-end time.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from vs_torch import greedy_and_orchestrated, interleaved, orchestration_columns, write_rows  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
+from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns, write_rows  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
@@ -111,6 +112,7 @@ def run(name: str, args) -> dict:
             error = float(np.abs(np.asarray(fn()) - want).max()) / scale
             assert error < 1e-3, f"{name}: {label} disagrees with onnxruntime ({error:.2e})"
         medians = interleaved(functions, args.rounds)
+    kernels = kernel_sums(optimized.program)
     return {
         "model": name,
         "input": list(example.shape),
@@ -120,6 +122,8 @@ def run(name: str, args) -> dict:
         "tune": args.tune,
         **orchestration_columns(programs, seconds),
         **{f"{k}_ms": round(v * 1e3, 3) for k, v in medians.items()},
+        **kernels,  # the end-to-end time beside the kernels' own: what runs between them
+        "vs_kernels_in_place": round(medians["optimized"] * 1e3 / kernels["kernels_in_place_ms"], 3),
         **{f"vs_{k}": round(medians[k] / medians["optimized"], 2) for k in medians if k != "optimized"},
     }
 

@@ -29,6 +29,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+from dataclasses import replace  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -58,6 +59,32 @@ def interleaved(functions: dict, rounds: int) -> dict:
             fn()
             samples[name].append(time.perf_counter() - start)
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def kernel_sums(compiled, rounds: int = 10) -> dict:
+    """A compiled program's kernel medians summed, in ms: as the optimizer recorded them
+    ("alone": timed on their own, or where the program runs them when their implementations
+    were raced there), and timed where the program runs them (every call under a stopwatch,
+    whole runs on zeros, the first run left out). Set beside the program's end-to-end time, they
+    say what a run spends outside its kernels."""
+    samples = [[] for _ in compiled.steps]
+
+    def timed(call, bucket):
+        def run(values, out):
+            start = time.perf_counter()
+            call(values, out)
+            bucket.append(time.perf_counter() - start)
+
+        return run
+
+    watched = replace(
+        compiled, steps=[replace(s, call=timed(s.call, samples[i])) for i, s in enumerate(compiled.steps)]
+    )
+    zeros = {n: np.zeros(shape, compiled.dtype) for n, shape in compiled.inputs.items() if n not in compiled.constants}
+    for _ in range(rounds + 1):
+        watched.run(zeros)
+    in_place = sum(statistics.median(s[1:]) for s in samples if len(s) > 1)
+    return {"kernels_alone_ms": round(compiled.cost * 1e3, 3), "kernels_in_place_ms": round(in_place * 1e3, 3)}
 
 
 def write_rows(out: Path, rows: list) -> None:

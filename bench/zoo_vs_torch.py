@@ -9,7 +9,8 @@ ONNX graph node by node with torch operators (``TorchGraph`` below: a small exec
 the zoo uses, written for this benchmark; torch.compile traces it into one graph). Both are
 checked against ``Model.original`` (onnxruntime) and timed in one process, interleaved,
 with the idle settings of bench/vs_torch.py. Adds (or replaces) one row per model in
-bench/results/zoo_vs_torch.json (zoo_vs_torch_small.json with --small).
+bench/results/zoo_vs_torch.json (zoo_vs_torch_small.json with --small), with the optimized
+program's kernel medians summed (``vs_torch.kernel_sums``) beside its end-to-end time.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
-from vs_torch import greedy_and_orchestrated, interleaved, orchestration_columns  # noqa: E402  (idle policy first)
+from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns  # noqa: E402  (idle policy first)
 
 from rewriter import zoo  # noqa: E402
 from rewriter.frontends.onnx import load_onnx  # noqa: E402
@@ -155,6 +156,7 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
             error = float(np.abs(got - want).max()) / scale
             assert error < 1e-3, f"{name}: {label} disagrees with the reference ({error:.2e})"
         medians = interleaved(functions, rounds)
+    kernels = kernel_sums(optimized.program)
     return {
         "model": name,
         "small": small,
@@ -164,6 +166,8 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
         "vs_greedy": round(medians["greedy"] / medians["optimized"], 2),
         "vs_torch_eager": round(medians["torch_eager"] / medians["optimized"], 2),
         "vs_torch_compile": round(medians["torch_compile"] / medians["optimized"], 2),
+        **kernels,  # the end-to-end time beside the kernels' own: what runs between them
+        "vs_kernels_in_place": round(medians["optimized"] * 1e3 / kernels["kernels_in_place_ms"], 3),
     }
 
 

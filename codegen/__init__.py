@@ -2,11 +2,12 @@
 
 ``backend`` is what the pipeline sees (compile, measure, device key); ``program`` compiles a
 candidate's kernels into one callable over reused buffers, racing the implementations each
-operator record lists; ``tvm_kernel`` compiles a scope with TVM; ``packed`` runs a matmul
-over a weight laid out in panels once (a TVM kernel), ``panels`` a convolution directly over
-its weight laid out in panels of output channels; ``im2col`` runs a matched convolution as
-batched BLAS calls, ``band`` a band matmul as blocked batched BLAS calls, both
-copying operands through ``strided`` views; ``measure`` times and remembers.
+operator record lists; ``native`` runs a program's compiled kernels by one call into C;
+``tvm_kernel`` compiles a scope with TVM; ``packed`` runs a matmul over a weight laid out in
+panels once (a TVM kernel), ``panels`` a convolution directly over its weight laid out in panels
+of output channels; ``im2col`` runs a matched convolution as batched BLAS calls, ``band`` a band
+matmul as blocked batched BLAS calls, both copying operands through ``strided`` views;
+``measure`` times and remembers.
 """
 
 # Load order: importing any ``rewriter`` module runs the ``rewriter`` package, whose ``derive``

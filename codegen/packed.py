@@ -39,12 +39,15 @@ lays a weight out itself (every call, slower) only where they are missing.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from rewriter.index import index_bounds
-from rewriter.ir import Scope, Tensor, Var, accesses, index_vars, nested_scopes, parse
+from rewriter.ir import Scope, Tensor, Var, accesses, index_vars, nested_scopes, parse, tensor_shapes
 from rewriter.lower import GemmMatch, Kernel, operand_view
 
+from .native import OUTPUT, arguments
 from .tvm_kernel import PANEL, Schedule, aligned_empty, compile_scope, is_aligned, panel_layout, viewed
 
 
@@ -92,6 +95,8 @@ class _Packed:
         self.compiled = compile_scope(kernel.expr, dtype=str(dtype), schedule=Schedule(panels=panels))
         laid = dict(panels)
         self.names = [(packed_name(n), n, laid[n]) if n in laid else (n, n, None) for n in self.compiled.inputs]
+        # run natively where the panels are bound (a program's constants); else from Python, laid out each call
+        self.native = ((self.compiled.function, (*(given for given, _, _ in self.names), OUTPUT), self.compiled.views),)
 
     def prepare(self, values: dict) -> dict[str, np.ndarray]:
         """The panels of the weights ``values`` holds, to keep with the program's constants."""
@@ -140,7 +145,7 @@ def transposed_call(kernel: Kernel, dtype: str):
         return None
     rows, cols = match.out_strides[1:]  # C[m, n]'s; the other operand's free index is n or m
     along_other = cols == 1 if weights[0] == "a" else rows == 1
-    return _Transposed(match, np.dtype(dtype), weights[0]) if along_other else None
+    return _Transposed(kernel, np.dtype(dtype), weights[0]) if along_other else None
 
 
 class _Transposed:
@@ -148,7 +153,8 @@ class _Transposed:
     allocated once. D is transposed into the output by a TVM kernel where the output is whole
     (``C[f, n]`` row-major), else copied through the output's strides."""
 
-    def __init__(self, match: GemmMatch, dtype: np.dtype, weight: str):
+    def __init__(self, kernel: Kernel, dtype: np.dtype, weight: str):
+        match = kernel.match
         self.match, self.dtype, self.weight = match, dtype, weight
         _, m, k = match.a.shape
         n = match.b.shape[2]
@@ -169,6 +175,25 @@ class _Transposed:
             self.transpose = compile_scope(transpose, dtype=str(dtype))
         self.x_buffer = aligned_empty(x_shape, dtype)
         self.d_buffer = aligned_empty((f // p, x, p), dtype)
+        self.native = self._native(kernel, x_shape)
+
+    def _native(self, kernel: Kernel, x_shape: tuple[int, int]) -> tuple | None:
+        """The product and its transposition as native calls, where X is its tensor as it lies
+        and the transposition writes the whole output; None where a copy is made from Python."""
+        other = self.match.b if self.weight == "a" else self.match.a
+        whole = other.offset == 0 and other.strides[1:] == (x_shape[1], 1)
+        if not whole or math.prod(tensor_shapes(kernel.expr)[other.tensor]) != math.prod(x_shape):
+            return None
+        if self.transpose is None or math.prod(kernel.expr.shape) != self.f * self.x:
+            return None
+        return (
+            (
+                self.product.function,
+                arguments(self.product, X=other.tensor, U=self.name) + (self.d_buffer,),
+                self.product.views,
+            ),
+            (self.transpose.function, (self.d_buffer, OUTPUT), self.transpose.views),
+        )
 
     @property
     def panel(self) -> int:

@@ -45,6 +45,7 @@ from rewriter.index import affine_coefficients
 from rewriter.ir import Access, Binary, Scope, Tensor, index_vars, parse
 from rewriter.lower import ConvMatch, Kernel
 
+from .native import OUTPUT, arguments
 from .tvm_kernel import aligned_copy, aligned_empty, compile_scope, is_aligned
 
 PANEL = 16  # output channels per panel: one AVX-512 vector of float32
@@ -117,6 +118,14 @@ class _Panels:
             {"O": product.shape},
         )
         self.transpose = compile_scope(back, dtype=str(dtype))
+        self.native = (  # run natively where the panels are bound (a program's constants)
+            (
+                self.product.function,
+                (*arguments(self.product, X=self.input, P=self.name), self.buffer),
+                self.product.views,
+            ),
+            (self.transpose.function, (self.buffer, OUTPUT), self.transpose.views),
+        )
 
     @property
     def name(self) -> str:

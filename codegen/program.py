@@ -47,6 +47,7 @@ from rewriter.semantics import run_opaque
 from .band import band_call
 from .im2col import im2col_call
 from .measure import MeasurementDB, last_level_cache, signature, time_callable, time_in_turns
+from .native import OUTPUT, NativeRun, driver
 from .packed import packed_call, transposed_call
 from .panels import panels_call
 from .tvm_kernel import (
@@ -58,6 +59,7 @@ from .tvm_kernel import (
     aligned_empty,
     candidate_schedules,
     compile_scope,
+    is_aligned,
     load_kernel,
     unmerged_views,
     viewed,
@@ -134,12 +136,13 @@ class Step:
 class _Dispatch:
     """A program's kernel calls bound to their arguments once. Planned buffers, constants and
     laid-out weights stay where they are between runs, so a run sets only the arrays that change
-    (the inputs and the outputs made afresh) and calls the kernels in turn. A TVM kernel is called
-    through its compiled function with its argument list built here (``_tvm_call``'s ``by_position``):
-    its Python wrapper gathered and checked the arguments on every call, 4 of the 5 us a call to
-    a small kernel took. Each argument is bound as the view its kernel takes (``TvmKernel.views``:
-    merged loops' dimensions merged), reshaped once, or once a run for the arrays a run sets.
-    A call wrapped by someone else (a stopwatch) is called as it is."""
+    (the inputs and the outputs made afresh) and calls the kernels in turn. Consecutive compiled
+    kernels (a call with a ``native`` description: its TVM functions and their arguments by name)
+    run as one ``NativeRun``, one call into C for all of them, each argument bound as the view its
+    kernel takes (``TvmKernel.views``: merged loops' dimensions merged). Any other call (a
+    library call through numpy, one wrapped by a stopwatch, one reading a weight laid out afresh
+    each call) is called from Python between such runs: a program of compiled kernels only is
+    one native call."""
 
     def __init__(self, values: dict[str, np.ndarray], per_run: Sequence[str], dtype: str) -> None:
         self.values = values  # what calls read by name: constants, weights, buffers, and per run the rest
@@ -147,7 +150,7 @@ class _Dispatch:
         self.fresh: dict[str, tuple[int, ...]] = {}  # outputs made afresh -> their shapes
         self.dtype = dtype
         self.calls: list[Callable[[], None]] = []
-        self.slots: dict[str, list[tuple[list, int]]] = {}  # a per-run name -> where it goes in bound arguments
+        self.natives: list[NativeRun] = []
 
     def add(self, step: Step, out: np.ndarray | None) -> None:
         """Bind ``step`` writing into ``out`` (None: a new array each run)."""
@@ -157,36 +160,51 @@ class _Dispatch:
             self.per_run.add(name)
         else:
             self.values[name] = out
-        by_position = getattr(step.call, "by_position", None)
-        if by_position is None:
+        native = self._native(step, name)
+        if native is None:
             call, values = step.call, self.values
             self.calls.append(lambda: call(values, values[name]))
             return
-        function, names, views = by_position
-        args = viewed([None if n in self.per_run else self.values[n] for n in names] + [out], views)
-        for position, n in enumerate([*names, name]):
-            if args[position] is None:
-                self.slots.setdefault(n, []).append((args, position, views[position]))
-        self.calls.append(lambda: function(*args))
+        if not self.calls or not isinstance(self.calls[-1], NativeRun):
+            self.natives.append(NativeRun(self.dtype))
+            self.calls.append(self.natives[-1])
+        for function, args, views in native:
+            self.calls[-1].add(function, args, views, str(step.kernel))
+
+    def _native(self, step: Step, name: str) -> list | None:
+        """The step's native calls with each argument bound (a per-run name, or its array), or
+        None where it has none or reads an array it cannot take as it is."""
+        described = getattr(step.call, "native", None)
+        if described is None or driver() is None:
+            return None
+        bound = []
+        for function, args, views in described:
+            resolved = []
+            for arg in args:
+                arg = name if arg is OUTPUT else arg
+                if isinstance(arg, str) and arg not in self.per_run:
+                    arg = self.values.get(arg)
+                if arg is None or not (isinstance(arg, str) or is_aligned(arg)):
+                    return None
+                resolved.append(arg)
+            bound.append((function, resolved, views))
+        return bound
 
     def run(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One run with the per-run ``arrays`` (every input); returns the outputs made afresh.
         Nothing of the run is held afterwards."""
         made = {n: aligned_empty(shape, self.dtype) for n, shape in self.fresh.items()}
         current = {**arrays, **made}
-        self._set(current)
+        self.values.update(current)
+        for native in self.natives:
+            for name in native.slots:
+                native.set(name, current[name])
         try:
             for call in self.calls:
                 call()
         finally:
-            self._set(dict.fromkeys(current))
+            self.values.update(dict.fromkeys(current))
         return made
-
-    def _set(self, arrays: Mapping[str, np.ndarray | None]) -> None:
-        for name, array in arrays.items():
-            self.values[name] = array
-            for args, position, view in self.slots.get(name, ()):
-                args[position] = array if array is None or array.shape == view else array.reshape(view)
 
 
 @dataclass(frozen=True)
@@ -239,8 +257,9 @@ class CompiledProgram:
     Intermediates live in buffers planned by liveness (``plan_buffers``: a tensor no later step
     reads gives its memory to the next one), allocated on the first call and reused (the result
     is a new array each call), so one program must not be called from two threads at once. The
-    first call also binds every kernel call to its buffers (``_Dispatch``): a run is then the
-    kernels called one after another, with nothing looked up between them."""
+    first call also binds every kernel call to its buffers (``_Dispatch``): a run is then one
+    native call for each stretch of compiled kernels (``codegen.native``), with any library call
+    through numpy made from Python between them."""
 
     steps: list[Step]
     inputs: dict[str, tuple[int, ...]]
@@ -659,7 +678,7 @@ def _tvm_call(compiled: TvmKernel):
     def call(values, out):
         function(*viewed([*(values[n] for n in names), out], views))
 
-    call.by_position = (function, names, views)  # what ``_Dispatch`` calls instead
+    call.native = ((function, (*names, OUTPUT), views),)  # what ``_Dispatch`` runs natively
     return call
 
 

@@ -1,0 +1,198 @@
+"""A run of compiled kernels as one native call (MonoNN's point, on this CPU).
+
+A stitched program's kernels are TVM functions. Called from Python one after another, each call
+converts its arguments (numpy arrays to DLPack tensors) and crosses the interpreter: about 0.5 us
+a kernel here, against 0.1 us for the same 64x64 kernel called from C. ``NativeRun`` binds a
+sequence of calls once, their arguments as DLPack tensors over fixed buffers, and runs them all
+by one call into a small C loop (``run_calls``, compiled once per machine with the C compiler TVM
+itself links with, cached beside the kernels). Tensors a run sets afresh (the inputs, outputs made
+per run) get their data pointer each run (``set``); nothing else is touched between runs.
+
+A kernel that fails stops the run: the error names the kernel and carries TVM's message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import tvm_ffi.libinfo
+
+from .tvm_kernel import CodegenError, cache_dir
+
+OUTPUT = "\0output"  # in a call's arguments: the step's output, wherever it lies
+
+SOURCE = r"""
+#include <string.h>
+#include <tvm/ffi/c_api.h>
+
+typedef struct {
+  TVMFFIObjectHandle function;
+  TVMFFIAny* args;
+  int32_t num_args;
+} Call;
+
+/* Call each function on its arguments in turn. Returns 0, or 1 + the index of the call that
+   failed, with TVM's message copied into `message`. */
+int run_calls(const Call* calls, int32_t count, char* message, int32_t capacity) {
+  for (int32_t i = 0; i < count; ++i) {
+    TVMFFIAny result;
+    memset(&result, 0, sizeof(result)); /* kTVMFFINone */
+    if (TVMFFIFunctionCall(calls[i].function, calls[i].args, calls[i].num_args, &result) != 0) {
+      TVMFFIObjectHandle error = NULL;
+      TVMFFIErrorMoveFromRaised(&error);
+      message[0] = 0;
+      if (error != NULL) {
+        TVMFFIErrorCell* cell = (TVMFFIErrorCell*)((char*)error + sizeof(TVMFFIObject));
+        size_t n = cell->message.size < (size_t)capacity - 1 ? cell->message.size : (size_t)capacity - 1;
+        memcpy(message, cell->message.data, n);
+        message[n] = 0;
+        TVMFFIObjectDecRef(error);
+      }
+      return i + 1;
+    }
+    if (result.type_index >= kTVMFFIStaticObjectBegin) TVMFFIObjectDecRef(result.v_obj);
+  }
+  return 0;
+}
+"""
+
+_DLTENSOR_PTR = 7  # kTVMFFIDLTensorPtr
+_DL_CPU = 1
+_DL_CODES = {"i": 0, "u": 1, "f": 2}
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device_type", ctypes.c_int32),
+        ("device_id", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("code", ctypes.c_uint8),
+        ("bits", ctypes.c_uint8),
+        ("lanes", ctypes.c_uint16),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.c_void_p),  # NULL: C-contiguous
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _Any(ctypes.Structure):  # TVMFFIAny holding a DLTensor pointer
+    _fields_ = [("type_index", ctypes.c_int32), ("zero_padding", ctypes.c_uint32), ("value", ctypes.c_void_p)]
+
+
+class _Call(ctypes.Structure):
+    _fields_ = [("function", ctypes.c_void_p), ("args", ctypes.POINTER(_Any)), ("num_args", ctypes.c_int32)]
+
+
+@functools.cache
+def driver() -> ctypes.CDLL | None:
+    """``run_calls``, compiled on first use and kept in the kernel cache (written atomically);
+    None, with a warning, where it cannot be built (no C compiler): kernels are then called from
+    Python, as any other call is."""
+    include = [tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path()]
+    library = Path(tvm_ffi.libinfo.find_libtvm_ffi())
+    key = hashlib.sha256("\n".join([SOURCE, *include, str(library)]).encode()).hexdigest()[:16]
+    path = cache_dir() / f"native-{key}.so"
+    try:
+        if not path.exists():
+            _compile(path, include, library)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, CodegenError) as err:
+        warnings.warn(f"compiled kernels run from Python, one call each: {err}", RuntimeWarning, stacklevel=2)
+        return None
+    lib.run_calls.argtypes = [ctypes.POINTER(_Call), ctypes.c_int32, ctypes.c_char_p, ctypes.c_int32]
+    lib.run_calls.restype = ctypes.c_int32
+    return lib
+
+
+def _compile(path: Path, include: Sequence[str], library: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as work:
+        source, built = Path(work) / "run_calls.c", Path(work) / "run_calls.so"
+        source.write_text(SOURCE)
+        command = [
+            os.environ.get("CC", "cc"),
+            "-O2",
+            "-shared",
+            "-fPIC",
+            *(f"-I{d}" for d in include),
+            str(source),
+            "-o",
+            str(built),
+            f"-L{library.parent}",
+            "-ltvm_ffi",
+            f"-Wl,-rpath,{library.parent}",
+        ]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise CodegenError(f"the native run loop did not compile ({' '.join(command)}): {done.stderr.strip()}")
+        os.replace(built, path)
+
+
+def arguments(kernel, **names: str) -> tuple[str, ...]:
+    """A compiled kernel's input arguments in the order it takes them: the name given for each of
+    its tensors (``X=...``)."""
+    return tuple(names[tensor] for tensor in kernel.inputs)
+
+
+class NativeRun:
+    """Kernel calls bound to their buffers, run in order by one native call.
+
+    ``add(function, args, views, label)``: ``function`` a compiled TVM function; each argument
+    an array (bound as it is: C-contiguous, held here) or a name that each run sets with
+    ``set(name, array)``; ``views`` the shapes the function takes them in."""
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = np.dtype(dtype)
+        self.labels: list[str] = []
+        self.slots: dict[str, list[_DLTensor]] = {}  # a name a run sets -> its tensors
+        self._keep: list = []  # what the C structures point into
+        self._calls: list[tuple[object, ctypes.Array]] = []
+        self._bound: ctypes.Array | None = None
+        self._message = ctypes.create_string_buffer(2048)
+
+    def add(self, function, args: Sequence[np.ndarray | str], views: Sequence[tuple[int, ...]], label: str) -> None:
+        tensors = [self._tensor(arg, view) for arg, view in zip(args, views)]
+        anys = (_Any * len(tensors))(*(_Any(_DLTENSOR_PTR, 0, ctypes.addressof(t)) for t in tensors))
+        self._keep += [function, tensors]
+        self._calls.append((function, anys))
+        self.labels.append(label)
+        self._bound = None
+
+    def _tensor(self, arg: np.ndarray | str, view: tuple[int, ...]) -> _DLTensor:
+        shape = (ctypes.c_int64 * len(view))(*view)
+        tensor = _DLTensor(None, _DL_CPU, 0, len(view), _DL_CODES[self.dtype.kind], self.dtype.itemsize * 8, 1, shape)
+        self._keep.append(shape)
+        if isinstance(arg, str):
+            self.slots.setdefault(arg, []).append(tensor)
+        else:
+            if not arg.flags.c_contiguous or arg.size != int(np.prod(view)):
+                raise CodegenError(f"NativeRun: a bound buffer of shape {arg.shape} is no C-contiguous {view}")
+            tensor.data = arg.ctypes.data
+            self._keep.append(arg)
+        return tensor
+
+    def set(self, name: str, array: np.ndarray) -> None:
+        """Bind ``name`` to ``array`` (C-contiguous, aligned) for the runs that follow."""
+        pointer = array.ctypes.data
+        for tensor in self.slots[name]:
+            tensor.data = pointer
+
+    def __call__(self) -> None:
+        if self._bound is None:
+            self._bound = (_Call * len(self._calls))(
+                *(_Call(function.__chandle__(), anys, len(anys)) for function, anys in self._calls)
+            )
+        failed = driver().run_calls(self._bound, len(self._calls), self._message, len(self._message))
+        if failed:
+            message = self._message.value.decode(errors="replace")
+            raise CodegenError(f"kernel {self.labels[failed - 1]} failed: {message}")
