@@ -45,15 +45,17 @@ import numpy as np
 
 from rewriter.index import index_bounds
 from rewriter.ir import Scope, Tensor, Var, accesses, index_vars, nested_scopes, parse, tensor_shapes
-from rewriter.lower import GemmMatch, Kernel, operand_view
+from rewriter.lower import GemmMatch, Kernel, Operand, operand_view
 
 from .native import OUTPUT, arguments
 from .tvm_kernel import PANEL, Schedule, aligned_empty, compile_scope, is_aligned, panel_layout, viewed
 
 
-def packed_name(tensor: str) -> str:
-    """The constant holding ``tensor``'s panels."""
-    return f"{tensor}.panels"
+def packed_name(tensor: str, dim: int) -> str:
+    """The constant holding ``tensor``'s panels along dimension ``dim``. A program's laid-out
+    weights share one namespace, and two kernels may lay one weight out along different
+    dimensions (a 768x768 one read as ``W[k, j]`` and as ``W[j, k]``: panels of the same shape)."""
+    return f"{tensor}.panels{dim}"
 
 
 def packed_call(kernel: Kernel, dtype: str):
@@ -94,13 +96,15 @@ class _Packed:
         self.dtype, self.panels = dtype, panels
         self.compiled = compile_scope(kernel.expr, dtype=str(dtype), schedule=Schedule(panels=panels))
         laid = dict(panels)
-        self.names = [(packed_name(n), n, laid[n]) if n in laid else (n, n, None) for n in self.compiled.inputs]
+        self.names = [
+            (packed_name(n, laid[n]), n, laid[n]) if n in laid else (n, n, None) for n in self.compiled.inputs
+        ]
         # run natively where the panels are bound (a program's constants); else from Python, laid out each call
         self.native = ((self.compiled.function, (*(given for given, _, _ in self.names), OUTPUT), self.compiled.views),)
 
     def prepare(self, values: dict) -> dict[str, np.ndarray]:
         """The panels of the weights ``values`` holds, to keep with the program's constants."""
-        return {packed_name(n): panel_layout(values[n], d, self.dtype) for n, d in self.panels if n in values}
+        return {packed_name(n, d): panel_layout(values[n], d, self.dtype) for n, d in self.panels if n in values}
 
     def __call__(self, values: dict, out: np.ndarray) -> None:
         arguments = [
@@ -114,9 +118,11 @@ class _Packed:
 # One operand a weight: the product computed with the weight's rows innermost (lanes along them)
 
 
-def kmajor_name(tensor: str) -> str:
-    """The constant holding ``tensor`` k-major in panels (``U[fo, k, fi]``)."""
-    return f"{tensor}.kmajor"
+def kmajor_name(operand: Operand, role: str) -> str:
+    """The constant holding the weight ``operand`` (the product's operand ``role``, "a" or "b")
+    k-major in panels (``U[fo, k, fi]``): named by its view too, since another kernel may read
+    the same weight through another view (see ``packed_name``)."""
+    return f"{operand.tensor}.kmajor.{role}.{operand.offset}.{'.'.join(map(str, operand.strides))}"
 
 
 def transposed_call(kernel: Kernel, dtype: str):
@@ -201,7 +207,7 @@ class _Transposed:
 
     @property
     def name(self) -> str:
-        return kmajor_name((self.match.a if self.weight == "a" else self.match.b).tensor)
+        return kmajor_name(self.match.a if self.weight == "a" else self.match.b, self.weight)
 
     def prepare(self, values: dict) -> dict[str, np.ndarray]:
         """The weight in panels (none where ``values`` lacks it), to keep with the program's constants."""

@@ -38,6 +38,7 @@ on every call (slower).
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -51,9 +52,11 @@ from .tvm_kernel import aligned_copy, aligned_empty, compile_scope, is_aligned
 PANEL = 16  # output channels per panel: one AVX-512 vector of float32
 
 
-def panels_name(tensor: str) -> str:
-    """The constant holding ``tensor``'s panels."""
-    return f"{tensor}.conv_panels"
+def panels_name(tensor: str, order: Sequence[int]) -> str:
+    """The constant holding ``tensor``'s panels, its axes taken in ``order`` (the channel's
+    first): named by the order too, since another kernel may lay the same weight out another
+    way (see ``packed.packed_name``)."""
+    return f"{tensor}.conv_panels{''.join(map(str, order))}"
 
 
 def panels_call(kernel: Kernel, dtype: str):
@@ -129,7 +132,7 @@ class _Panels:
 
     @property
     def name(self) -> str:
-        return panels_name(self.weight)
+        return panels_name(self.weight, self.order)
 
     def prepare(self, values: dict) -> dict[str, np.ndarray]:
         """W's panels (none where ``values`` lacks W), to keep with the program's constants."""

@@ -374,8 +374,11 @@ def test_a_packed_matmul_lays_its_weight_out_once_when_bound(text, shapes):
     (kernel,) = postprocess(instantiate(expr), weights=("B",)).kernels
     assert kernel.weights == {"B"} and "packed" in implementations(kernel)
     inputs = random_inputs(expr, 6)
-    bound = CompiledProgram([_step(kernel, "packed", "float32")], {"A": shapes["A"]}).bind({"B": inputs["B"]})
-    assert set(bound.prepared) == {"B.panels"}  # laid out at bind, not on every run
+    step = _step(kernel, "packed", "float32")
+    bound = CompiledProgram([step], {"A": shapes["A"]}).bind({"B": inputs["B"]})
+    assert [n.split(".")[:2] for n in bound.prepared] == [
+        ["B", f"panels{step.call.panels[0][1]}"]
+    ]  # at bind, not every run
     _close(bound(A=inputs["A"]), evaluate(expr, inputs), 1e-5)
     unbound = CompiledProgram([_step(kernel, "packed", "float32")], dict(shapes))
     _close(unbound(**inputs), evaluate(expr, inputs), 1e-5)  # B given per call: packed per call
@@ -395,7 +398,7 @@ def test_an_eoperator_summing_over_a_weight_along_its_lanes_reads_the_weight_fro
     assert step.call.panels == (("B", 1),)
     inputs = random_inputs(expr, 2)
     program = CompiledProgram([step], {"A": shapes["A"]}).bind({n: inputs[n] for n in "BC"})
-    assert set(program.prepared) == {"B.panels"} and program.prepared["B.panels"].shape == (2, 20, 32)
+    assert set(program.prepared) == {"B.panels1"} and program.prepared["B.panels1"].shape == (2, 20, 32)
     _close(program(A=inputs["A"]), evaluate(expr, inputs), 1e-5)
     unbound = CompiledProgram([step], tensor_shapes(expr))  # B given per call: laid out per call
     _close(unbound(**inputs), evaluate(expr, inputs), 1e-5)
@@ -440,7 +443,7 @@ def test_a_matmul_over_a_weight_runs_transposed_over_the_weight_laid_out_once(te
     assert transposed_call(kernel, "float32") is not None
     inputs = random_inputs(expr, 7)
     bound = CompiledProgram([_step(kernel, "transposed", "float32")], {"X": shapes["X"]}).bind({"W": inputs["W"]})
-    assert set(bound.prepared) == {"W.kmajor"}  # laid out at bind, not on every run
+    assert [n.split(".")[:2] for n in bound.prepared] == [["W", "kmajor"]]  # laid out at bind, not every run
     _close(bound(X=inputs["X"]), evaluate(expr, inputs), 1e-5)
     unbound = CompiledProgram([_step(kernel, "transposed", "float32")], dict(shapes))
     _close(unbound(**inputs), evaluate(expr, inputs), 1e-5)  # W given per call: laid out per call
@@ -485,13 +488,13 @@ def test_packed_weights_are_laid_out_again_after_stitching_saving_and_loading(tm
     second = first.rebound({"ARG1": w2})
     parts = [(first, {"ARG0": "X", "ARG1": "W1", "out": "H"}), (second, {"ARG0": "H2", "ARG1": "W2"})]
     program = stitch(parts, {"X": (4, 8), "H2": (4, 8)})
-    assert set(program.prepared) == {"W1.panels", "W2.panels"}
+    assert set(program.prepared) == {"W1.panels1", "W2.panels1"}
     x, h2 = rng.uniform(-1, 1, (4, 8)), rng.uniform(-1, 1, (4, 8))
     values = program.run({"X": x, "H2": h2}, outputs=("H",))
     _close(values["H"], x @ w1, 1e-5)
     _close(values["out"], h2 @ w2, 1e-5)
     program.save(tmp_path / "prog")
-    assert not list((tmp_path / "prog").glob("*.panels.npy"))  # laid out again on load, not stored
+    assert not list((tmp_path / "prog").glob("*.panels*.npy"))  # laid out again on load, not stored
     again = load(tmp_path / "prog").run({"X": x, "H2": h2})
     _close(again["out"], h2 @ w2, 1e-5)
 
@@ -655,3 +658,21 @@ def test_a_program_bound_again_after_a_run_reads_the_new_weights():
     _close(program.bind({"B": b})(A=a), a @ b)
     _close(program.bind({"B": 2 * b})(A=a), 2 * a @ b)
     _close(program.run({"A": a, "B": 3 * b})["out"], 3 * a @ b)  # an input given beats the constant
+
+
+def test_kernels_laying_one_weight_out_differently_each_read_their_own_layout():
+    """A square weight read as ``W[k, j]`` by one kernel and as ``W[j, k]`` by another: both lay
+    it out in panels of the same shape, along different dimensions, and each reads its own (the
+    program's laid-out weights share one namespace; one name for both gave a wrong answer)."""
+    shapes = {"X": (8, 64), "W": (64, 64)}
+    kernels = [
+        Kernel("eop", "T1", parse("L i:8, j:64 ; S k:64 ; X[i, k] * W[k, j]", shapes), weights=frozenset({"W"})),
+        Kernel("eop", "T2", parse("L i:8, j:64 ; S k:64 ; X[i, k] * W[j, k]", shapes), weights=frozenset({"W"})),
+        Kernel("eop", "out", parse("L i:8, j:64 ; T1[i, j] + T2[i, j]", {"T1": (8, 64), "T2": (8, 64)})),
+    ]
+    steps = [_step(k, impl, "float32") for k, impl in zip(kernels, ("packed", "packed", "tvm"))]
+    rng = np.random.default_rng(3)
+    w, x = rng.uniform(-1, 1, (64, 64)), rng.uniform(-1, 1, (8, 64))
+    program = CompiledProgram(steps, shapes).bind({"W": w})
+    assert set(program.prepared) == {"W.panels0", "W.panels1"}
+    _close(program(X=x), x @ w + x @ w.T, 1e-5)
