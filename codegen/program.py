@@ -470,6 +470,12 @@ def remeasure(
             db.put(key, timing)
 
 
+# An alternative whose in-place time is this many times the best one's leaves the race (timed
+# twice past its cold run): each run of the program runs one alternative of every raced kernel,
+# so a slow one would otherwise slow ``rounds`` runs, each of them a whole run of the program.
+_BEHIND = 2.0
+
+
 def race_in_place(
     program: CompiledProgram, alternatives: Mapping[str, Sequence[Sequence[Step]]] | None = None, rounds: int = 6
 ) -> CompiledProgram:
@@ -478,9 +484,10 @@ def race_in_place(
     ``alternatives`` (by its output: other steps computing it, such as the kernels a fused
     kernel was made of), takes each in turn across ``rounds`` runs per alternative of the whole
     program (on zeros), each call timed where it stands, and the one with the least median is
-    kept; each kept step's ``seconds`` becomes its median there. An alternative of several
-    steps also runs with each of its steps taking each of its implementations; one that reads a
-    tensor the program does not make by then is left out.
+    kept; each kept step's ``seconds`` becomes its median there (an alternative ``_BEHIND``
+    times slower than the best leaves the race early). An alternative of several steps also
+    runs with each of its steps taking each of its implementations; one that reads a tensor the
+    program does not make by then is left out.
 
     Timed alone, a kernel runs with both cores awake and its inputs in cache; in a program it
     follows other kernels, and its times and their ranking differ (measured here: BERT-base's
@@ -508,26 +515,36 @@ def race_in_place(
     # zeros: a gather's indices may be computed from any input, and 0 is always a valid index
     inputs = {n: np.zeros(shape) for n, shape in program.inputs.items() if n not in program.constants}
     samples: dict[tuple, list[float]] = {}  # (slot, alternative, step) -> seconds per run
+    live = {i: list(range(len(slots[i]))) for i in raced}  # the alternatives still in the race
     buffers: dict[str, np.ndarray] = {}
-    for turn in range(1 + rounds * max(len(slots[i]) for i in raced)):
+
+    def median(i: int, k: int) -> float:
+        return sum(_median(samples[i, k, j]) for j in range(len(slots[i][k])))
+
+    turn = 0
+    while any(len(samples.get((i, k, 0), ())) < 1 + rounds for i in raced for k in live[i]):
         steps = []
         for i, found in enumerate(slots):
-            k = turn % len(found)
+            k = live[i][turn % len(live[i])] if i in live else 0
             steps += [
-                replace(s, call=_stopwatch(s.call, samples.setdefault((i, k, j), []))) if len(found) > 1 else s
+                replace(s, call=_stopwatch(s.call, samples.setdefault((i, k, j), []))) if i in live else s
                 for j, s in enumerate(found[k])
             ]
         trial = CompiledProgram(steps, program.inputs, program.dtype, constants=program.constants, buffers=buffers)
         trial.prepared = prepared
         trial.run(inputs)
+        turn += 1
+        for i in raced:  # an alternative far behind the best, each timed twice past its cold run, leaves
+            if all(len(samples.get((i, k, 0), ())) >= 3 for k in live[i]):
+                best = min(median(i, k) for k in live[i])
+                live[i] = [k for k in live[i] if median(i, k) <= _BEHIND * best]
     chosen = []
     for i, found in enumerate(slots):
-        if len(found) == 1:
+        if i not in live:
             chosen += found[0]
             continue
-        medians = [[_median(samples[i, k, j]) for j in range(len(alt))] for k, alt in enumerate(found)]
-        best = min(range(len(found)), key=lambda k: sum(medians[k]))
-        chosen += [replace(s, seconds=t) for s, t in zip(found[best], medians[best])]
+        best = min(live[i], key=lambda k: median(i, k))
+        chosen += [replace(s, seconds=_median(samples[i, best, j])) for j, s in enumerate(found[best])]
     return replace(program, steps=chosen, constants=dict(program.constants), buffers={}).prepare()
 
 

@@ -524,33 +524,53 @@ def test_a_kernel_reading_weights_is_timed_over_copies_of_them_that_overflow_the
     assert _cold_copies(0) == 1 and _cold_copies(1 << 40) == 1
 
 
-def test_the_in_place_race_keeps_the_implementation_that_is_fastest_where_the_program_runs_it(monkeypatch):
+def _late_blas(monkeypatch, seconds: float, calls: list) -> None:
+    """numpy's BLAS product made ``seconds`` late, each call counted in ``calls``."""
     import time
 
     from codegen import program as program_module
-    from codegen.program import race_in_place
 
-    expr = matmul((16, 64), (64, 48))
-    (kernel,) = postprocess(instantiate(expr), weights=("B",)).kernels
-    assert set(implementations(kernel)) == {"blas", "tvm", "packed", "transposed"}
     slow = program_module.LIBRARY_CALLS["blas"]
 
-    def slowed(kernel, dtype):  # BLAS, 2 ms late: the race must not keep it
+    def slowed(kernel, dtype):
         call = slow(kernel, dtype)
 
         def late(values, out):
-            time.sleep(0.002)
+            calls.append(1)
+            time.sleep(seconds)
             call(values, out)
 
         return late
 
     monkeypatch.setitem(program_module.LIBRARY_CALLS, "blas", slowed)
+
+
+def _raced_matmul(first: str, rounds: int):
+    """A 16x64 @ 64x48 product (B a weight) by implementation ``first``, raced in place."""
+    from codegen.program import race_in_place
+
+    expr = matmul((16, 64), (64, 48))
+    (kernel,) = postprocess(instantiate(expr), weights=("B",)).kernels
+    assert set(implementations(kernel)) == {"blas", "tvm", "packed", "transposed"}
     inputs = random_inputs(expr, 3)
-    start = CompiledProgram([_step(kernel, "blas", "float32")], {"A": (16, 64), "B": (64, 48)}).bind({"B": inputs["B"]})
-    raced = race_in_place(start, rounds=3)
-    (step,) = raced.steps
-    assert step.impl in ("tvm", "packed", "transposed") and step.seconds > 0  # not the BLAS step it started from
+    start = CompiledProgram([_step(kernel, first, "float32")], {"A": (16, 64), "B": (64, 48)}).bind({"B": inputs["B"]})
+    raced = race_in_place(start, rounds=rounds)
     _close(raced(A=inputs["A"]), evaluate(expr, inputs), 1e-5)
+    return raced
+
+
+def test_the_in_place_race_keeps_the_implementation_that_is_fastest_where_the_program_runs_it(monkeypatch):
+    _late_blas(monkeypatch, 0.002, [])  # the race must not keep it
+    (step,) = _raced_matmul("blas", rounds=3).steps
+    assert step.impl in ("tvm", "packed", "transposed") and step.seconds > 0  # not the BLAS step it started from
+
+
+def test_an_alternative_far_behind_leaves_the_in_place_race_after_its_first_runs(monkeypatch):
+    calls = []
+    _late_blas(monkeypatch, 0.02, calls)  # every run it takes part in waits for it
+    (step,) = _raced_matmul("tvm", rounds=6).steps
+    assert step.impl != "blas"
+    assert len(calls) == 3  # its cold run and two more, not one in every turn of six rounds
 
 
 def test_the_in_place_race_takes_a_fused_kernel_apart_where_its_kernels_apart_run_faster():

@@ -1,5 +1,6 @@
 """derive(): candidates are derived from the naive expression, instantiated, and verified."""
 
+import importlib
 import math
 
 import numpy as np
@@ -399,6 +400,33 @@ MONOTONE = {
     "matmul chain": CASES["matmul_chain"].expression(),
     "band": parse("L i:40, j:9 ; S k:8 ; Q[i, k] * Kt[i+j-4, k]", {"Q": (40, 8), "Kt": (40, 8)}),
 }
+
+
+def test_the_identity_is_checked_after_the_levels_not_between_them(monkeypatch):
+    """The identity, the fallback that is always compiled, waits until the levels are done: at
+    full size as written it can take longer than the whole search (a DCGAN's transposed
+    convolution sums over every input pixel), and checked and timed between the levels it left
+    the deeper ones no time."""
+    derive_module = importlib.import_module("rewriter.pipeline.derive")  # (the package names the function so)
+    events = []
+    levels = derive_module.explore_levels
+
+    def watched(*args, **kwargs):
+        yield from levels(*args, **kwargs)
+        events.append("levels done")
+
+    add = derive_module._Measuring.add
+
+    def recorded(self, candidate):
+        events.append("identity" if candidate is self.identity else "candidate")
+        return add(self, candidate)
+
+    monkeypatch.setattr(derive_module, "explore_levels", watched)
+    monkeypatch.setattr(derive_module._Measuring, "add", recorded)
+    derivation = derive(MONOTONE["convtranspose NCHW"], max_depth=2, backend="reference")
+    assert "candidate" in events[: events.index("levels done")]
+    assert events.index("identity") > events.index("levels done")
+    assert any(c.source is None and [k.kind for k in c.kernels] == ["eop"] for c in derivation.candidates)
 
 
 def _forms(derivation) -> set:
