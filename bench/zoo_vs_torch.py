@@ -24,11 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
-from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns  # noqa: E402  (idle policy first)
 
 from rewriter import zoo  # noqa: E402
 from rewriter.frontends.onnx import load_onnx  # noqa: E402
