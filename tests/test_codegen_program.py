@@ -440,7 +440,8 @@ def test_a_matmul_over_a_weight_runs_transposed_over_the_weight_laid_out_once(te
     expr = parse(text, shapes)
     (kernel,) = postprocess(instantiate(expr), weights=("W",)).kernels
     assert kernel.kind == "matmul"
-    assert transposed_call(kernel, "float32") is not None
+    call = transposed_call(kernel, "float32")
+    assert call is not None and call.native is not None  # X read as it lies (an NCHW input: k-major), no copy
     inputs = random_inputs(expr, 7)
     bound = CompiledProgram([_step(kernel, "transposed", "float32")], {"X": shapes["X"]}).bind({"W": inputs["W"]})
     assert [n.split(".")[:2] for n in bound.prepared] == [["W", "kmajor"]]  # laid out at bind, not every run
