@@ -487,7 +487,7 @@ def race_in_place(
     kept; each kept step's ``seconds`` becomes its median there (an alternative ``_BEHIND``
     times slower than the best leaves the race early). An alternative of several steps also
     runs with each of its steps taking each of its implementations; one that reads a tensor the
-    program does not make by then is left out.
+    program does not make by then, or has no steps (it would never be timed), is left out.
 
     Timed alone, a kernel runs with both cores awake and its inputs in cache; in a program it
     follows other kernels, and its times and their ranking differ (measured here: BERT-base's
@@ -500,7 +500,7 @@ def race_in_place(
         found = [[step]]
         if not (step.kernel.weight_only or step.kernel.output in program.constants):
             for given in (alternatives or {}).get(step.kernel.output, ()):
-                if _runs_on(given, available):  # (a tensor orchestration fused away is no input)
+                if given and _runs_on(given, available):  # (a tensor orchestration fused away is no input)
                     found += _variants(list(given), program.dtype)
             found += [[o] for o in _options(step, program.dtype) if o.impl != step.impl]
         slots.append(found)

@@ -596,7 +596,7 @@ def test_the_in_place_race_takes_a_fused_kernel_apart_where_its_kernels_apart_ru
     )  # (none in panels: no faster packed)
     program = CompiledProgram([slow], {"X": (16, 32)}).bind({"W": np.ones((32, 24))})
     elsewhere = [replace(step, kernel=step.kernel.renamed({"X": "gone"})) for step in apart.steps]
-    raced = race_in_place(program, {"out": [elsewhere, apart.steps]}, rounds=3)  # "gone" is no input: left out
+    raced = race_in_place(program, {"out": [elsewhere, [], apart.steps]}, rounds=3)  # "gone" is no input, [] no steps
     assert [s.kernel.kind for s in raced.steps] == ["matmul", "eop"]
     x = np.random.default_rng(0).uniform(-1, 1, (16, 32))
     _close(raced(X=x), np.maximum(x @ np.ones((32, 24)), 0), 1e-5)
