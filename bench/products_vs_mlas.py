@@ -1,6 +1,7 @@
 """Products of the real models' shapes: each CPU implementation against onnxruntime's MLAS.
 
     python3 bench/products_vs_mlas.py [--shapes 32x3072x768,...] [--convs 64x56,...] [--strided 3x224x64k7s2,...]
+                                      [--epilogue]
 
 For each ``M x K @ K x N`` product with a weight on the right (a transformer's linear layer),
 every implementation the Matmul record lists for the CPU that applies ("blas", "tvm", "packed"), and for
@@ -12,8 +13,12 @@ same, is timed as the optimizer
 times it (``codegen.program._timing_call``: the weight cold, in turn over copies that overflow
 the last-level cache) and onnxruntime (2 intra-op threads, spinning off) runs a graph of MatMul
 (Conv) nodes with one weight each, as many as the optimizer's copies, so that its weights are
-cold too. Prints ms per product; writes bench/results/products_vs_mlas.json (rows of other
-shapes kept).
+cold too. With ``--epilogue`` each product has a bias along its output channels and a ReLU
+around it, one eOperator (``relu({product}[..] + B[f])``, as the optimizer fuses a model's), its
+implementations those the eOperator races ("tvm", "packed", and with the epilogue computed where
+the product is laid out, "transposed", "panels"), against onnxruntime's node with its bias and
+a Relu (which onnxruntime fuses into it). Prints ms per product; writes
+bench/results/products_vs_mlas.json (rows of other shapes kept).
 """
 
 from __future__ import annotations
@@ -37,14 +42,30 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from codegen.program import LIBRARY_CALLS, _cold_copies, _step, _timing_call, implementations  # noqa: E402
 from rewriter import conv2d, parse  # noqa: E402
-from rewriter.ir import Tensor  # noqa: E402
-from rewriter.lower import instantiate, postprocess  # noqa: E402
+from rewriter.ir import Scope, Tensor, accesses, index_vars, tensor_shapes  # noqa: E402
+from rewriter.lower import Kernel, instantiate, postprocess  # noqa: E402
 
 
-def onnxruntime_products(op: str, x_shape, w_shape, y_shape, copies: int, rng, **attributes) -> tuple:
-    """A session of ``copies`` ``op`` nodes (MatMul, Conv), each with a weight of its own, and its feed."""
-    nodes = [helper.make_node(op, ["x", f"w{i}"], [f"y{i}"], **attributes) for i in range(copies)]
-    weights = [numpy_helper.from_array(rng.uniform(-1, 1, w_shape).astype(np.float32), f"w{i}") for i in range(copies)]
+def onnxruntime_products(
+    op: str, x_shape, w_shape, y_shape, copies: int, rng, epilogue: int | None = None, **attributes
+) -> tuple:
+    """A session of ``copies`` ``op`` nodes (MatMul, Conv), each with a weight of its own, and its
+    feed; with an ``epilogue`` (the output channels' axis), each with a bias along it and a Relu."""
+    nodes, weights = [], []
+    for i in range(copies):
+        weights.append(numpy_helper.from_array(rng.uniform(-1, 1, w_shape).astype(np.float32), f"w{i}"))
+        if epilogue is None:
+            nodes.append(helper.make_node(op, ["x", f"w{i}"], [f"y{i}"], **attributes))
+            continue
+        bias = rng.uniform(-1, 1, y_shape[epilogue]).astype(np.float32)
+        along = bias if op == "Conv" else bias.reshape([-1] + [1] * (len(y_shape) - 1 - epilogue))  # (Conv's: 1-d)
+        weights.append(numpy_helper.from_array(along, f"b{i}"))
+        if op == "Conv":
+            nodes.append(helper.make_node(op, ["x", f"w{i}", f"b{i}"], [f"p{i}"], **attributes))
+        else:
+            nodes.append(helper.make_node(op, ["x", f"w{i}"], [f"m{i}"], **attributes))
+            nodes.append(helper.make_node("Add", [f"m{i}", f"b{i}"], [f"p{i}"]))
+        nodes.append(helper.make_node("Relu", [f"p{i}"], [f"y{i}"]))
     outputs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, list(y_shape)) for i in range(copies)]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))
     model = helper.make_model(
@@ -57,20 +78,19 @@ def onnxruntime_products(op: str, x_shape, w_shape, y_shape, copies: int, rng, *
     return session, {"x": rng.uniform(-1, 1, x_shape).astype(np.float32)}
 
 
-def product(m: int, k: int, n: int, rounds: int) -> dict:
+def product(m: int, k: int, n: int, rounds: int, epilogue: bool) -> dict:
     expr = parse(f"L i:{m}, j:{n} ; S k:{k} ; A[i, k] * W[k, j]", {"A": (m, k), "W": (k, n)})
-    return run(f"{m}x{k}x{n}", expr, ("MatMul", (m, k), (k, n), (m, n)), {}, rounds)
+    return run(f"{m}x{k}x{n}", expr, ("MatMul", (m, k), (k, n), (m, n)), {}, rounds, epilogue)
 
 
-def convolution(c: int, h: int, rounds: int) -> dict:
+def convolution(c: int, h: int, rounds: int, epilogue: bool) -> dict:
     shapes = {"X": (1, c, h, h), "W": (c, c, 3, 3)}
     expr = parse(f"L n:1, f:{c}, h:{h}, w:{h} ; S c:{c}, r:3, s:3 ; X[n, c, h+r-1, w+s-1] * W[f, c, r, s]", shapes)
-    return run(
-        f"conv3x3 {c}x{h}x{h}", expr, ("Conv", shapes["X"], shapes["W"], (1, c, h, h)), {"pads": [1] * 4}, rounds
-    )
+    node = ("Conv", shapes["X"], shapes["W"], (1, c, h, h))
+    return run(f"conv3x3 {c}x{h}x{h}", expr, node, {"pads": [1] * 4}, rounds, epilogue)
 
 
-def strided_convolution(spec: str, rounds: int) -> dict:
+def strided_convolution(spec: str, rounds: int, epilogue: bool) -> dict:
     """``CxHxFkKsS`` or ``CxHxFkKsSgG``: C -> F channels over H x H, a K x K window of stride S,
     padding K/2, G groups."""
     c, h, f, k, stride, groups = (
@@ -79,17 +99,36 @@ def strided_convolution(spec: str, rounds: int) -> dict:
     x, w = Tensor("X", (1, c, h, h)), Tensor("W", (f, c // groups, k, k))
     expr = conv2d(x, w, stride=stride, padding=k // 2, groups=groups)
     attributes = {"pads": [k // 2] * 4, "strides": [stride] * 2, "group": groups}
-    return run(f"conv {spec}", expr, ("Conv", x.shape, w.shape, expr.shape), attributes, rounds)
+    return run(f"conv {spec}", expr, ("Conv", x.shape, w.shape, expr.shape), attributes, rounds, epilogue)
 
 
-def run(label: str, expr, onnx_node: tuple, attributes: dict, rounds: int) -> dict:
-    """Every implementation of ``expr``'s one kernel (its weight W) against onnxruntime's node."""
+def with_epilogue(expr: Scope) -> tuple[Kernel, int]:
+    """The eOperator ``relu({expr}[..] + B[f])``, f the product's output channels (the
+    iterator that reads W), and f's axis in the output."""
+    (weight,) = [a for a in accesses(expr.body) if a.source.name == "W"]
+    axis, channel = next(
+        (d, it) for d, it in enumerate(expr.traversal) if any(it.name in index_vars(ix) for ix in weight.indices)
+    )
+    names = ", ".join(it.name for it in expr.traversal)
+    fused = parse(
+        f"L {', '.join(map(str, expr.traversal))} ; relu({{{expr}}}[{names}] + B[{channel.name}])",
+        {**tensor_shapes(expr), "B": (channel.size,)},
+    )
+    return Kernel("eop", "out", fused, None, weights=frozenset({"W", "B"})), axis
+
+
+def run(label: str, expr, onnx_node: tuple, attributes: dict, rounds: int, epilogue: bool = False) -> dict:
+    """Every implementation of ``expr``'s one kernel (its weight W; with its ``epilogue``)
+    against onnxruntime's node."""
     rng = np.random.default_rng(0)
-    (kernel,) = postprocess(instantiate(expr), weights=("W",)).kernels
+    if epilogue:
+        (kernel, axis), label = with_epilogue(expr), f"{label} +bias+relu"
+    else:
+        ((kernel,), axis) = postprocess(instantiate(expr), weights=("W",)).kernels, None
     applies = [i for i in implementations(kernel) if i == "tvm" or LIBRARY_CALLS[i](kernel, "float32") is not None]
     calls = {impl: _timing_call(_step(kernel, impl, "float32"), "float32", rng) for impl in applies}
     copies = _cold_copies(math.prod(onnx_node[2]) * 4)
-    session, feed = onnxruntime_products(*onnx_node, copies, rng, **attributes)
+    session, feed = onnxruntime_products(*onnx_node, copies, rng, axis, **attributes)
     functions = {
         **{impl: (lambda call=call: [call() for _ in range(copies)]) for impl, call in calls.items()},
         "onnxruntime": lambda: session.run(None, feed),
@@ -104,18 +143,19 @@ def main() -> None:
     parser.add_argument("--convs", default="64x56,128x28,256x14,512x7")
     parser.add_argument("--strided", default="3x224x64k7s2,128x56x128k3s2,96x112x96k3s2g96,144x56x144k3s2g144")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--epilogue", action="store_true", help="each with a bias and a ReLU around it")
     args = parser.parse_args()
     rows = []
     for shape in filter(None, args.shapes.split(",")):
         m, k, n = (int(d) for d in shape.split("x"))
-        rows.append(product(m, k, n, args.rounds))
+        rows.append(product(m, k, n, args.rounds, args.epilogue))
         print("  ".join(f"{key} {value}" for key, value in rows[-1].items()), flush=True)
     for shape in filter(None, args.convs.split(",")):
         c, h = (int(d) for d in shape.split("x"))
-        rows.append(convolution(c, h, args.rounds))
+        rows.append(convolution(c, h, args.rounds, args.epilogue))
         print("  ".join(f"{key} {value}" for key, value in rows[-1].items()), flush=True)
     for spec in filter(None, args.strided.split(",")):
-        rows.append(strided_convolution(spec, args.rounds))
+        rows.append(strided_convolution(spec, args.rounds, args.epilogue))
         print("  ".join(f"{key} {value}" for key, value in rows[-1].items()), flush=True)
     out = ROOT / "bench" / "results" / "products_vs_mlas.json"
     done = {row["shape"] for row in rows}

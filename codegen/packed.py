@@ -43,10 +43,11 @@ import math
 
 import numpy as np
 
-from rewriter.index import index_bounds
+from rewriter.index import index_bounds, row_major
 from rewriter.ir import Scope, Tensor, Var, accesses, index_vars, nested_scopes, parse, tensor_shapes
-from rewriter.lower import GemmMatch, Kernel, Operand, operand_view
+from rewriter.lower import GemmMatch, Kernel, Operand, inner_product, operand_view
 
+from .epilogue import LaidOut
 from .native import OUTPUT, arguments
 from .tvm_kernel import PANEL, Schedule, aligned_empty, compile_scope, is_aligned, panel_layout, viewed
 
@@ -128,39 +129,44 @@ def kmajor_name(operand: Operand, role: str) -> str:
 def transposed_call(kernel: Kernel, dtype: str):
     """``(values, out) -> None`` for the matmul ``kernel`` with one operand a weight whose output
     runs along the other operand (an NCHW 1x1 convolution: ``C[f, n] = W[f, :] @ X[:, n]``, in
-    either order the matcher found), or None. The weight is laid out once k-major in panels of
-    ``PANEL`` rows (one panel where ``PANEL`` does not divide them), ``U[fo, k, fi] =
+    either order the matcher found), or an eOperator with such a product inside it and its
+    epilogue around it (``inner_product``); else None. The weight is laid out once k-major in
+    panels of ``PANEL`` rows (one panel where ``PANEL`` does not divide them), ``U[fo, k, fi] =
     W[PANEL*fo + fi, k]``, the product computed with the weight's rows innermost,
 
         D[fo, n, fi] = S k ; X[k, n] * U[fo, k, fi]        (or X[n, k], as the other operand lies)
 
     with lanes along fi (a multiple of the vector in a model's convolutions, where the n of a
-    14x14 or 7x7 image, 196 or 49, is not), and transposed into C by a small TVM kernel. Measured
-    here (AMD EPYC, 2 cores, float32, ms; f x k x n), ResNet-50's 1x1 convolutions: 1024x256x196
-    BLAS 0.48, the scope as it is (lanes along n) 0.85, this 0.37 (0.24 with the register tile's
-    rows two vectors wide, ``tvm_kernel._tile_width``); 256x1024x196 0.51, 0.89 and 0.36; at
-    n = 3136 the others stay ahead. The product alone, weights cold, k-major in one piece against
-    panels (each panel's rows one run in memory): 256x1024x196 0.316 and 0.285, 2048x512x49
-    0.401 and 0.304. Raced with the others. Where the output runs along f (a linear layer's),
-    TVM's scope already has its lanes there: None."""
-    match = kernel.match
+    14x14 or 7x7 image, 196 or 49, is not), and laid out into the output by a small TVM kernel
+    that computes the epilogue too (``epilogue.LaidOut``). Measured here (AMD EPYC, 2 cores,
+    float32, ms; f x k x n), ResNet-50's 1x1 convolutions: 1024x256x196 BLAS 0.48, the scope as
+    it is (lanes along n) 0.85, this 0.37 (0.24 with the register tile's rows two vectors wide,
+    ``tvm_kernel._tile_width``); 256x1024x196 0.51, 0.89 and 0.36; at n = 3136 the others stay
+    ahead. The product alone, weights cold, k-major in one piece against panels (each panel's
+    rows one run in memory): 256x1024x196 0.316 and 0.285, 2048x512x49 0.401 and 0.304. Raced
+    with the others. Where the output runs along f (a linear layer's), TVM's scope already has
+    its lanes there: None."""
+    found = inner_product(kernel)
+    if found is None:
+        return None
+    position, product = found
+    match = product.match
     if not isinstance(match, GemmMatch) or match.batches != 1 or match.a.tensor == match.b.tensor:
         return None
-    weights = [name for name, operand in (("a", match.a), ("b", match.b)) if operand.tensor in kernel.weights]
+    weights = [name for name, operand in (("a", match.a), ("b", match.b)) if operand.tensor in product.weights]
     if len(weights) != 1:
         return None
     rows, cols = match.out_strides[1:]  # C[m, n]'s; the other operand's free index is n or m
     along_other = cols == 1 if weights[0] == "a" else rows == 1
-    return _Transposed(kernel, np.dtype(dtype), weights[0]) if along_other else None
+    return _Transposed(kernel, position, product, np.dtype(dtype), weights[0]) if along_other else None
 
 
 class _Transposed:
     """The call; its buffers (the other operand contiguous where its view is not, D) are
-    allocated once. D is transposed into the output by a TVM kernel where the output is whole
-    (``C[f, n]`` row-major), else copied through the output's strides."""
+    allocated once."""
 
-    def __init__(self, kernel: Kernel, dtype: np.dtype, weight: str):
-        match = kernel.match
+    def __init__(self, kernel: Kernel, position: tuple[int, ...], product: Kernel, dtype: np.dtype, weight: str):
+        match = product.match
         self.match, self.dtype, self.weight = match, dtype, weight
         _, m, k = match.a.shape
         n = match.b.shape[2]
@@ -170,19 +176,16 @@ class _Transposed:
         self.kmajor = self._along_k_first()
         other = "X[k, n]" if self.kmajor else "X[n, k]"
         x_shape = (k, x) if self.kmajor else (x, k)
-        product = parse(
+        scope = parse(
             f"L fo:{f // p}, n:{x}, fi:{p} ; S k:{k} ; {other} * U[fo, k, fi]", {"X": x_shape, "U": (f // p, k, p)}
         )
-        self.product = compile_scope(product, dtype=str(dtype))
-        rows, cols = match.out_strides[1:]  # C[m, n]'s strides; D's, along n and f:
-        self.d_strides = (cols, rows) if weight == "a" else (rows, cols)
-        self.transpose = None  # D into an output that runs along n
-        if self.d_strides == (1, x):
-            transpose = parse(f"L fo:{f // p}, fi:{p}, n:{x} ; D[fo, n, fi]", {"D": (f // p, x, p)})
-            self.transpose = compile_scope(transpose, dtype=str(dtype))
+        self.product = compile_scope(scope, dtype=str(dtype))
         self.x_buffer = aligned_empty(x_shape, dtype)
-        self.d_buffer = aligned_empty((f // p, x, p), dtype)
-        self.native = self._native(kernel, x_shape)
+        rows, cols = _free_indices(product.expr, match)
+        along_f, along_x = (rows, cols) if weight == "a" else (cols, rows)
+        indices = [f"({along_f}) / {p}", along_x, f"({along_f}) % {p}"]
+        self.laid_out = LaidOut(kernel.expr, position, indices, aligned_empty((f // p, x, p), dtype))
+        self.native = self._native(product, x_shape)
 
     @property
     def _other(self) -> Operand:
@@ -206,23 +209,21 @@ class _Transposed:
         view = operand_view(values, self._other)[0]  # (k, x) for weight a, (x, k) for weight b
         return view if (self.weight == "a") == self.kmajor else view.T
 
-    def _native(self, kernel: Kernel, x_shape: tuple[int, int]) -> tuple | None:
-        """The product and its transposition as native calls, where X is its tensor as it lies
-        and the transposition writes the whole output; None where a copy is made from Python."""
+    def _native(self, product: Kernel, x_shape: tuple[int, int]) -> tuple | None:
+        """The product and its layout pass as native calls, where X is its tensor as it lies;
+        None where a copy is made from Python."""
         other = self._other
         along_k, along_x = self._strides()
         whole = other.offset == 0 and ((along_k, along_x) if self.kmajor else (along_x, along_k)) == (x_shape[1], 1)
-        if not whole or math.prod(tensor_shapes(kernel.expr)[other.tensor]) != math.prod(x_shape):
-            return None
-        if self.transpose is None or math.prod(kernel.expr.shape) != self.f * self.x:
+        if not whole or math.prod(tensor_shapes(product.expr)[other.tensor]) != math.prod(x_shape):
             return None
         return (
             (
                 self.product.function,
-                arguments(self.product, X=other.tensor, U=self.name) + (self.d_buffer,),
+                arguments(self.product, X=other.tensor, U=self.name) + (self.laid_out.buffer,),
                 self.product.views,
             ),
-            (self.transpose.function, (self.d_buffer, OUTPUT), self.transpose.views),
+            self.laid_out.native,
         )
 
     @property
@@ -252,11 +253,22 @@ class _Transposed:
         if not (x.flags.c_contiguous and is_aligned(x)):
             self.x_buffer[...] = x
             x = self.x_buffer
-        self.product.run({"X": x, "U": u}, self.d_buffer)
-        if out.size == self.f * self.x and is_aligned(out) and self.transpose is not None:
-            self.transpose.run({"D": self.d_buffer}, out.reshape(self.f // self.panel, self.panel, self.x))
-            return
-        along_n, along_f = (s * out.itemsize for s in self.d_strides)
-        shape = (self.f // self.panel, self.x, self.panel)
-        target = np.lib.stride_tricks.as_strided(out.reshape(-1), shape, (self.panel * along_f, along_n, along_f))
-        np.copyto(target, self.d_buffer)
+        self.product.run({"X": x, "U": u}, self.laid_out.buffer)
+        self.laid_out(values, out)
+
+
+def _free_indices(scope: Scope, match: GemmMatch) -> tuple[str, str]:
+    """C[m, n]'s m and n as index expressions over the product scope's traversal iterators:
+    each iterator, at its row-major stride in the scope's output, is part of whichever of m
+    and n that stride lies within (batches are 1 here)."""
+    _, rows, cols = match.out_strides
+    terms: dict[str, list[str]] = {"m": [], "n": []}
+    for it, stride in zip(scope.traversal, row_major(scope.shape)):
+        if it.size == 1:
+            continue
+        outer, inner = ("m", "n") if rows > cols else ("n", "m")  # (a part of extent 1 has stride 0)
+        part = outer if stride >= max(rows, cols) else inner
+        unit = rows if part == "m" else cols
+        at = it.name if it.lo == 0 else f"({it.name} - {it.lo})" if it.lo > 0 else f"({it.name} + {-it.lo})"
+        terms[part].append(f"{stride // unit}*{at}")
+    return " + ".join(terms["m"]) or "0", " + ".join(terms["n"]) or "0"

@@ -12,7 +12,8 @@ is the scope
 compiled by TVM like any other (``compile_scope``: lanes along l, so each step of the sum
 reads one vector of the weight, contiguous, and broadcasts one input element; a register tile
 of rows that share the input element), followed by a small TVM kernel that transposes O into
-the output's layout. This is the direct convolution of onnxruntime's MLAS (NCHWc), with the
+the output's layout; for an eOperator with the convolution inside it, that kernel computes the
+eOperator's epilogue too (``epilogue.LaidOut``). This is the direct convolution of onnxruntime's MLAS (NCHWc), with the
 blocking on the weight only: the input and the output keep the model's layout. Measured here
 (``bench/products_vs_mlas.py``: AMD EPYC, 2 cores, float32, weights cold, ms), ResNet-50's 3x3
 convolutions, C -> C channels at H x H, padding 1, batch 1, NCHW:
@@ -44,9 +45,10 @@ import numpy as np
 
 from rewriter.index import affine_coefficients
 from rewriter.ir import Access, Binary, Scope, Tensor, index_vars, parse
-from rewriter.lower import ConvMatch, Kernel
+from rewriter.lower import ConvMatch, Kernel, inner_product
 
-from .native import OUTPUT, arguments
+from .epilogue import LaidOut
+from .native import arguments
 from .tvm_kernel import aligned_copy, aligned_empty, compile_scope, is_aligned
 
 PANEL = 16  # output channels per panel: one AVX-512 vector of float32
@@ -60,9 +62,15 @@ def panels_name(tensor: str, order: Sequence[int]) -> str:
 
 
 def panels_call(kernel: Kernel, dtype: str):
-    """``(values, out) -> None`` for the convolution ``kernel`` over its weight's panels, or None."""
-    match, scope = kernel.match, kernel.expr
-    if not isinstance(match, ConvMatch) or match.weight not in kernel.weights or match.input in kernel.weights:
+    """``(values, out) -> None`` for the convolution ``kernel``, or an eOperator with one inside
+    it and its epilogue around it (``inner_product``: the epilogue computed where the product
+    is laid out into the output, ``epilogue.LaidOut``), over its weight's panels; or None."""
+    found = inner_product(kernel)
+    if found is None:
+        return None
+    position, product = found
+    match, scope = product.match, product.expr
+    if not isinstance(match, ConvMatch) or match.weight not in product.weights or match.input in product.weights:
         return None
     if not isinstance(scope, Scope) or any(it.lo != 0 for it in scope.iterators):
         return None
@@ -82,7 +90,7 @@ def panels_call(kernel: Kernel, dtype: str):
         return None  # groups (a traversal iterator both read), or a weight read other than W[f, c, r, s]
     if sorted(weight_axes) != sorted(channels + summed):
         return None
-    return _Panels(scope, x, w, channels[0], weight_axes, np.dtype(dtype))
+    return _Panels(kernel.expr, position, scope, x, w, channels[0], weight_axes, np.dtype(dtype))
 
 
 def _single_iterator(ix) -> str | None:
@@ -97,7 +105,17 @@ def _single_iterator(ix) -> str | None:
 class _Panels:
     """The call; its buffer (the product in panels) is allocated once."""
 
-    def __init__(self, scope: Scope, x: Access, w: Access, channel: str, weight_axes: list[str], dtype: np.dtype):
+    def __init__(
+        self,
+        expr: Scope,
+        position: tuple[int, ...],
+        scope: Scope,
+        x: Access,
+        w: Access,
+        channel: str,
+        weight_axes: list[str],
+        dtype: np.dtype,
+    ):
         self.input, self.weight, self.dtype = x.source.name, w.source.name, dtype
         sizes = {it.name: it.size for it in scope.iterators}
         self.channels = sizes[channel]
@@ -115,19 +133,15 @@ class _Panels:
             {"X": x.source.shape, "P": (self.panels, *self.summed_shape, PANEL)},
         )
         self.product = compile_scope(product, dtype=str(dtype))
-        self.buffer = aligned_empty(product.shape, dtype)
-        back = parse(
-            f"L {', '.join(map(str, scope.traversal))} ; O[{', '.join(_product_indices(scope, channel))}]",
-            {"O": product.shape},
-        )
-        self.transpose = compile_scope(back, dtype=str(dtype))
+        buffer = aligned_empty(product.shape, dtype)
+        self.laid_out = LaidOut(expr, position, _product_indices(scope, channel), buffer)
         self.native = (  # run natively where the panels are bound (a program's constants)
             (
                 self.product.function,
-                (*arguments(self.product, X=self.input, P=self.name), self.buffer),
+                (*arguments(self.product, X=self.input, P=self.name), buffer),
                 self.product.views,
             ),
-            (self.transpose.function, (self.buffer, OUTPUT), self.transpose.views),
+            self.laid_out.native,
         )
 
     @property
@@ -151,11 +165,8 @@ class _Panels:
         x = values[self.input]
         if not is_aligned(x):
             x = aligned_copy(x, self.dtype)
-        self.product.run({"X": x, "P": panels}, self.buffer)
-        if is_aligned(out):
-            self.transpose.run({"O": self.buffer}, out)
-        else:
-            out[...] = self.transpose(O=self.buffer)
+        self.product.run({"X": x, "P": panels}, self.laid_out.buffer)
+        self.laid_out(values, out)
 
 
 def _product_indices(scope: Scope, channel: str) -> list[str]:

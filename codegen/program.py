@@ -66,7 +66,9 @@ from .tvm_kernel import (
 )
 
 BACKEND = "cpu"  # the key of this code generator's implementations in an operator record
-EOP_IMPLEMENTATIONS = ("tvm", "packed")  # an eOperator is compiled from its scope (its weights in panels)
+# an eOperator is compiled from its scope (its weights in panels), or one with a product inside
+# it computes the product in a layout of its own and its epilogue where it lays the product out
+EOP_IMPLEMENTATIONS = ("tvm", "packed", "transposed", "panels")
 
 
 def _blas_call(kernel: Kernel, dtype: str):

@@ -22,7 +22,7 @@ from codegen.program import (
 )
 from rewriter import conv2d, derive, evaluate, matmul, parse
 from rewriter.cases import CASES
-from rewriter.ir import tensor_shapes
+from rewriter.ir import accesses, index_vars, tensor_shapes
 from rewriter.lower import Candidate, Kernel, instantiate, postprocess
 from rewriter.testing import random_inputs
 
@@ -452,6 +452,29 @@ def test_a_matmul_over_a_weight_runs_transposed_over_the_weight_laid_out_once(te
     misaligned = np.empty(size + 1, np.float32)[1:].reshape(kernel.expr.shape)  # copied, not transposed
     transposed_call(kernel, "float32")({n: v.astype(np.float32) for n, v in inputs.items()}, misaligned)
     _close(misaligned, evaluate(expr, inputs), 1e-5)
+
+
+@pytest.mark.parametrize("text, shapes", TRANSPOSED_CASES)
+def test_an_eoperator_around_such_a_matmul_computes_its_epilogue_where_the_product_is_laid_out(text, shapes):
+    """A bias and a ReLU around the product (OLLIE's eOperator fusion): the transposed product
+    still applies, its layout pass computing them, natively."""
+    from codegen.packed import transposed_call
+
+    product = parse(text, shapes)
+    (weight,) = [a for a in accesses(product.body) if a.source.name == "W"]
+    rows = next(it for it in product.traversal if any(it.name in index_vars(ix) for ix in weight.indices))
+    names = ", ".join(it.name for it in product.traversal)
+    fused = parse(
+        f"L {', '.join(map(str, product.traversal))} ; relu({{{product}}}[{names}] + B[{rows.name}])",
+        {**shapes, "B": (rows.size,)},
+    )
+    kernel = Kernel("eop", "out", fused, None, weights=frozenset({"W", "B"}))
+    call = transposed_call(kernel, "float32")
+    assert call is not None and call.native is not None
+    inputs = random_inputs(fused, 3)
+    weights = {n: inputs[n] for n in ("W", "B")}
+    bound = CompiledProgram([_step(kernel, "transposed", "float32")], {"X": shapes["X"]}).bind(weights)
+    _close(bound(X=inputs["X"]), evaluate(fused, inputs), 1e-5)
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from rewriter.lower import (
     Operator,
     Window,
     conv_constraints,
+    inner_product,
     instantiate,
     match_operator,
 )
@@ -306,3 +307,17 @@ def test_a_kernels_structure_is_its_kind_and_its_operators_parameters():
     dilated = conv2d((1, 2, 9, 9), (3, 2, 3, 3), dilation=2)
     assert _structure(instantiate(dilated).kernels[0]) == ("conv2d", ((3, 2), (3, 2)))
     assert _structure(Kernel("eop", "out", dilated)) == ("eop",)
+
+
+def test_the_product_inside_an_eoperator_is_found_where_it_is_the_one_sum():
+    shapes = {"X": (6, 5), "W": (5, 4), "B": (4,)}
+    fused = parse("L i:6, j:4 ; relu({ L m:6, n:4 ; S k:5 ; X[m, k] * W[k, n] }[i, j] + B[j])", shapes)
+    position, product = inner_product(Kernel("eop", "out", fused, None, weights=frozenset({"W", "B"})))
+    assert position == (0,) and product.kind == "matmul" and product.weights == {"W"}
+    assert product.expr == parse("L m:6, n:4 ; S k:5 ; X[m, k] * W[k, n]", shapes)
+    (matched,) = instantiate(product.expr).kernels
+    assert inner_product(matched) == ((), matched)  # a matched kernel is its own product
+    two = parse("L i:6 ; { L m:6 ; S k:5 ; X[m, k] }[i] + { L m:6 ; S k:4 ; W[k, m % 4] }[i]", shapes)
+    assert inner_product(Kernel("eop", "out", two, None)) is None  # two sums: which one?
+    no_operator = parse("L i:6 ; relu({ L m:6 ; S k:5 ; exp(X[m, k]) }[i])", shapes)
+    assert inner_product(Kernel("eop", "out", no_operator, None)) is None  # a sum no operator matches

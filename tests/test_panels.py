@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from codegen.panels import PANEL, panels_call
 from codegen.tvm_kernel import aligned_copy, aligned_empty
 from rewriter import evaluate, parse
+from rewriter.ir import accesses, index_vars, tensor_shapes
 from rewriter.lower import CONV2D, Kernel
 from rewriter.testing import random_inputs
 from rewriter.testing.strategies import convolutions
@@ -50,3 +51,20 @@ def test_panels_apply_to_a_weight_without_groups_only():
         {"X": (1, 4, 6, 6), "W": (4, 1, 3, 3)},
     )
     assert panels_call(_conv_kernel(depthwise), "float32") is None  # f reads the input: a group
+
+
+@settings(max_examples=10, deadline=None)
+@given(convolutions(max_filters=2 * PANEL + 3, offset_outputs=False), st.integers(0, 2**32 - 1))
+def test_panels_compute_a_convolution_with_its_epilogue_where_they_lay_it_out(expr, seed):
+    """An eOperator with a convolution inside it (a bias and a ReLU around it, read at a shifted
+    channel): the epilogue is computed by the pass that lays the product out, no pass of its own."""
+    (weight,) = [a for a in accesses(expr.body) if a.source.name == "W"]
+    channel = next(it for it in expr.traversal if any(it.name in index_vars(ix) for ix in weight.indices))
+    shapes = {**tensor_shapes(expr), "B": (channel.size + 1,)}
+    body = f"{{{expr}}}[{', '.join(it.name for it in expr.traversal)}] + B[{channel.name} + 1]"
+    fused = parse(f"L {', '.join(map(str, expr.traversal))} ; relu({body})", shapes)
+    kernel = Kernel("eop", "out", fused, None, weights=frozenset({"W", "B"}))
+    call = panels_call(kernel, "float32")
+    assert call is not None, str(fused)
+    assert len(call.native) == 2  # the product, and the pass laying it out with the epilogue
+    _check(call, fused, seed, prepared=True)

@@ -12,7 +12,7 @@
 Depends on ``rewriter.ir``, ``rewriter.index`` and ``rewriter.semantics``.
 """
 
-from .fusion import absorbs, fuse, fusion_pairs, is_view
+from .fusion import absorbs, fuse, fusion_pairs, inner_product, is_view
 from .instantiate import instantiate, wants_operator
 from .kernels import Candidate, Kernel
 from .operators import (
@@ -66,6 +66,7 @@ __all__ = [
     "fusion_pairs",
     "gemm_constraints",
     "instantiate",
+    "inner_product",
     "is_view",
     "mark_weight_only",
     "match_operator",

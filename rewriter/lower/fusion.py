@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import math
 
-from rewriter.ir import Access, Scope, inline, nested_scopes, tensor_shapes
+from rewriter.ir import Access, Scope, inline, nested_scopes, scopes_at, tensor_shapes
 
 from .kernels import Kernel
+from .operators import match_operator
 
 
 def fuse(producer: Kernel, consumer: Kernel) -> Kernel:
@@ -34,6 +35,29 @@ def fuse(producer: Kernel, consumer: Kernel) -> Kernel:
     fused = inline(consumer.expr, producer.output, producer.expr)
     weights = (producer.weights | consumer.weights) & set(tensor_shapes(fused))
     return Kernel("eop", consumer.output, fused, None, producer.weight_only and consumer.weight_only, weights)
+
+
+def inner_product(kernel: Kernel) -> tuple[tuple[int, ...], Kernel] | None:
+    """Where a kernel's product lies (a position, ``scopes_at``'s) and that product as a kernel
+    of its own: the kernel itself, at (), where an operator matched it; in an eOperator, its one
+    nested scope that sums, where an operator matches that scope and nothing else in the
+    eOperator sums (a product with its epilogue around it: a bias, an activation, a residual
+    sum; the fusion ``fuse`` made, seen from the product's side). Else None. An implementation
+    that computes the product in a layout of its own computes the epilogue where it lays the
+    product out (``codegen.packed``, ``codegen.panels``)."""
+    if kernel.match is not None:
+        return (), kernel
+    if kernel.kind != "eop":
+        return None
+    summing = [(position, scope) for position, scope in scopes_at(kernel.expr) if scope.summation]
+    if len(summing) != 1 or not summing[0][0]:
+        return None
+    position, scope = summing[0]
+    kind, match = match_operator(scope)
+    if match is None:
+        return None
+    weights = kernel.weights & set(tensor_shapes(scope))
+    return position, Kernel(kind, f"{kernel.output}.product", scope, match, weights=frozenset(weights))
 
 
 def readers(kernels: list[Kernel], name: str) -> list[int]:
