@@ -13,8 +13,9 @@ compiled by TVM like any other (``compile_scope``: lanes along l, so each step o
 reads one vector of the weight, contiguous, and broadcasts one input element; a register tile
 of rows that share the input element), followed by a small TVM kernel that transposes O into
 the output's layout; for an eOperator with the convolution inside it, that kernel computes the
-eOperator's epilogue too (``epilogue.LaidOut``). This is the direct convolution of onnxruntime's MLAS (NCHWc), with the
-blocking on the weight only: the input and the output keep the model's layout. Measured here
+eOperator's epilogue too (``epilogue.LaidOut``). This is the direct convolution of
+onnxruntime's MLAS (NCHWc), with the blocking on the weight only: the input and the output keep
+the model's layout. Measured here
 (``bench/products_vs_mlas.py``: AMD EPYC, 2 cores, float32, weights cold, ms), ResNet-50's 3x3
 convolutions, C -> C channels at H x H, padding 1, batch 1, NCHW:
 
