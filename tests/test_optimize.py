@@ -68,6 +68,26 @@ def test_definitions_of_weights_alone_are_evaluated_once_and_read_as_weights(tmp
     np.testing.assert_allclose(optimized(X=x), evaluate(program, {"X": x, **weights}), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("max_depth", [None, 0])
+def test_every_kernel_names_the_weights_it_reads_searched_or_as_written(max_depth, tmp_path, monkeypatch):
+    """A kernel's weights are timed cold (a model streams each weight from memory once a run)
+    and may be laid out once by its implementation; a kernel as written (no search, or the
+    derivation's identity) that did not name them was timed on a weight in cache."""
+    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "cache"))
+    shapes = {"X": (6, 5), "W": (5, 4), "B": (4,)}
+    program = parse_program(
+        "H = L i:6, j:4 ; S k:5 ; X[i, k] * W[k, j]\nY = L i:6, j:4 ; tanh(H[i, j] + B[j])\nreturn Y", shapes
+    )
+    rng = np.random.default_rng(0)
+    weights = {"W": rng.standard_normal((5, 4)), "B": rng.standard_normal(4)}
+    optimized = optimize_program(program, weights, max_depth=max_depth)
+    for step in optimized.program.steps:
+        read = set(tensor_shapes(step.kernel.expr))
+        assert step.kernel.weights == read & set(weights) | (read & set(optimized.program.constants))
+    x = rng.standard_normal((6, 5))
+    np.testing.assert_allclose(optimized(X=x), evaluate(program, {"X": x, **weights}), rtol=1e-4, atol=1e-4)
+
+
 def test_ctrl_c_keeps_what_was_derived_and_runs_the_rest_as_written(tmp_path, monkeypatch):
     """Ctrl-C in the second subprogram's search: the first stays derived, the second and any
     later one run as their identity kernel, post-processing is skipped, and the stitched

@@ -26,7 +26,7 @@ import numpy as np
 
 from codegen.backend import Backend, as_backend
 from rewriter.ir import ExpressionError, Scope, tensor_shapes
-from rewriter.lower import Candidate, Kernel, instantiate, postprocess
+from rewriter.lower import Candidate, Kernel, instantiate, mark_weight_only, postprocess
 from rewriter.search import SearchStats, State, explore_levels, fingerprint, registered
 
 from .guide import Guide, guided, lightened
@@ -90,7 +90,7 @@ def derive(
     # and the final race the rest (at full size a naive kernel takes seconds to compile and time)
     deadline = None if time_limit is None else started + time_limit
     levels_until = None if time_limit is None else started + 0.6 * time_limit
-    identity = Candidate([Kernel("eop", "out", expr)])
+    identity = Candidate(mark_weight_only([Kernel("eop", "out", expr)], weights))  # its weights timed cold
     as_given = postprocess(instantiate(expr), weights)  # the input's own scopes, instantiated
     found = {key(as_given): as_given, key(identity): identity}  # equal keys: the identity stays
     guide = Guide(registered("guided"), registered("explorative"), registered("eager"))

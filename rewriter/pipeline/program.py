@@ -36,7 +36,7 @@ from codegen.backend import Backend, as_backend
 from codegen.orchestrate import Orchestration
 from codegen.program import load
 from rewriter.ir import Definition, ExpressionError, Opaque, Program, Scope, parse, rename_tensors, tensor_shapes
-from rewriter.lower import Candidate, Kernel, absorbs, instantiate, is_view
+from rewriter.lower import Candidate, Kernel, absorbs, instantiate, is_view, mark_weight_only
 from rewriter.search import eager_closure, fingerprint, registered
 from rewriter.semantics import evaluate
 
@@ -409,8 +409,8 @@ def _subprogram(
         others = [p.rebound(bound) for p in runners]
         state, search_s = "reused", 0.0
     elif max_depth is None or opaque:  # one kernel as written: TVM's, or the opaque function
-        kernel = Kernel("opaque" if opaque else "eop", "out", positional)
-        compiled = backend.compile(Candidate([kernel]), tensor_shapes(positional))
+        kernels = mark_weight_only([Kernel("opaque" if opaque else "eop", "out", positional)], constant)
+        compiled = backend.compile(Candidate(kernels), tensor_shapes(positional))
         backend.measure(compiled)
         compiled.bind(bound)
         state = "opaque" if opaque else "identity"
