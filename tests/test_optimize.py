@@ -195,6 +195,29 @@ def test_the_longformer_unfold_fuses_into_its_band_products():
     np.testing.assert_allclose(evaluate(fused, feeds), evaluate(model.program, feeds), rtol=1e-9, atol=1e-9)
 
 
+def test_a_reshape_that_only_drops_a_dimension_of_one_fuses_into_the_product_reading_it():
+    """ViT's query, key and value products each read a 197x768 copy of their 1x197x768 input:
+    the copy moves nothing (same memory, same order), so the product reads the input itself and
+    still matches as a matmul; a transposing copy stays, for the operators to match."""
+    from rewriter.lower import match_operator
+    from rewriter.pipeline import fuse_elementwise
+
+    shapes = {"X": (1, 6, 4), "W": (4, 3)}
+    program = parse_program(
+        "R = L i:6, k:4 ; X[0, i, k]\nY = L i:6, j:3 ; S k:4 ; R[i, k] * W[k, j]\n"
+        "T = L k:4, i:6 ; X[0, i, k]\nZ = L i:6, j:3 ; S k:4 ; T[k, i] * W[k, j]\nreturn Y, Z",
+        shapes,
+    )
+    fused = fuse_elementwise(program)
+    definitions = dict(fused.definitions)
+    assert "R" not in definitions and "T" in definitions
+    assert str(definitions["Y"]) == "L i:6, j:3 ; S k:4 ; X[0, i, k] * W[k, j]"
+    assert match_operator(definitions["Y"])[0] == "matmul"
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(s) for n, s in shapes.items()}
+    np.testing.assert_allclose(evaluate(fused, feeds), evaluate(program, feeds), rtol=1e-12)
+
+
 def test_parallel_definitions_merge_into_a_batched_one_where_it_costs_less():
     """Q, K and V projections share their input: one batched definition computes all three and
     each is read back as a view, where the cost says the batched one is cheaper."""

@@ -10,7 +10,8 @@ where                                        which pairs (here)                w
 a program's definitions, before derivation   ``absorbs(reader, producer)``:    the policy itself: the
 (Algorithm 1; ``pipeline.program``, through  an element-wise producer into a   rule ``expression fusion``
 the inter rule ``expression fusion``)        reader that sums nothing, or an   proposes, it admits
-                                             unfolding view into any reader
+                                             unfolding view or a reshape of
+                                             unit dimensions into any reader
 a candidate's kernels (post-processing;      ``fusion_pairs(kernels)``: an     measurement: codegen keeps
 ``postprocess``, then ``codegen.program``)   eOperator read by exactly one     a fusion only where the
                                              later kernel, an eOperator        fused kernel is faster
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from rewriter.ir import Access, Scope, inline, nested_scopes, scopes_at, tensor_shapes
+from rewriter.ir import Access, Lit, Scope, Tensor, inline, nested_scopes, scopes_at, tensor_shapes
 
 from .kernels import Kernel
 from .operators import match_operator
@@ -84,8 +85,11 @@ def absorbs(reader: Scope, producer: Scope) -> bool:
     holds: a band unfold, a broadcast), whose copy would cost more than the reader reading the
     source directly. Fusing arithmetic into a reader that sums would repeat it per term, and
     would grow one subprogram to the whole model; a reshape or a transpose stays a copy that
-    leaves the reader's operand in a layout operators match."""
-    return not _sums(reader) or _unfolds(producer)
+    leaves the reader's operand in a layout operators match, unless it only drops or adds
+    dimensions of one element (``_unit_reshape``): the reader then reads the same memory in the
+    same order, its index still affine, and the copy is pure cost (ViT's query, key and value
+    products each read a copy of their 197x768 input made from the 1x197x768 one)."""
+    return not _sums(reader) or _unfolds(producer) or _unit_reshape(producer)
 
 
 def is_view(expr: Scope) -> bool:
@@ -96,6 +100,19 @@ def is_view(expr: Scope) -> bool:
 def _unfolds(expr: Scope) -> bool:
     """A view that writes more elements than its source holds (each read several times)."""
     return is_view(expr) and math.prod(expr.shape) > math.prod(expr.body.source.shape)
+
+
+def _unit_reshape(expr: Scope) -> bool:
+    """A view that reads its source whole, in order, dropping or adding dimensions of extent 1:
+    ``L i:197, j:768 ; X[0, i, j]`` over X of shape 1x197x768."""
+    if not is_view(expr) or any(it.lo for it in expr.traversal) or not isinstance(expr.body.source, Tensor):
+        return False
+    if math.prod(expr.shape) != math.prod(expr.body.source.shape):
+        return False
+    read = [ix for ix, d in zip(expr.body.indices, expr.body.source.shape) if d != 1]
+    units = [ix for ix, d in zip(expr.body.indices, expr.body.source.shape) if d == 1]
+    iterators = [it for it in expr.traversal if it.size != 1]
+    return read == [it.var for it in iterators] and all(ix == Lit(0) for ix in units)
 
 
 def _sums(expr: Scope) -> bool:

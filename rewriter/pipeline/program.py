@@ -244,7 +244,8 @@ def _reads(expr: Scope) -> set[str]:
 def fuse_elementwise(program: Program) -> Program:
     """Fold producers into their readers with the inter-expression rules (OLLIE 4.1, 5.4) where
     the fusion policy admits it (``rewriter.lower.absorbs``: an element-wise producer into a
-    reader that sums nothing, an unfolding view into any reader). The eager rules simplify every
+    reader that sums nothing, an unfolding view or a reshape of unit dimensions into any
+    reader). The eager rules simplify every
     definition first and after each fusion, so that a view is seen as one (a Slice + Concat
     unfold merges into one read).
 
