@@ -245,9 +245,8 @@ def fuse_elementwise(program: Program) -> Program:
     """Fold producers into their readers with the inter-expression rules (OLLIE 4.1, 5.4) where
     the fusion policy admits it (``rewriter.lower.absorbs``: an element-wise producer into a
     reader that sums nothing, an unfolding view or a reshape of unit dimensions into any
-    reader). The eager rules simplify every
-    definition first and after each fusion, so that a view is seen as one (a Slice + Concat
-    unfold merges into one read).
+    reader). The eager rules simplify every definition first and after each fusion, so that a
+    view is seen as one (a Slice + Concat unfold merges into one read).
 
     The rules see each candidate pair alone: a producer read by one definition only (and not an
     output) and its reader, as a two-definition program; a variant of it that leaves the reader
