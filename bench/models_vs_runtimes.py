@@ -12,8 +12,9 @@ size) configuration and random weights (no downloads), exported with ``torch.onn
 and by the greedy baseline ("greedy") from the same derivations. All five are checked against
 onnxruntime's output, then timed in one process, interleaved round by round
 (``vs_torch.interleaved``), in float32: onnxruntime with 2 intra-op threads and spinning off,
-PyTorch under ``no_grad``. Adds (or replaces) one row per model and ``--tune`` (TVM schedules
-raced per generated kernel, ``CpuBackend(tune=N)``) in bench/results/models_vs_runtimes.json,
+PyTorch under ``no_grad``. Adds (or replaces) one row per model, ``--tune`` (TVM schedules
+raced per generated kernel, ``CpuBackend(tune=N)``) and OpenBLAS kernel set (the environment's
+``OPENBLAS_CORETYPE``, or "auto") in bench/results/models_vs_runtimes.json,
 with the time the optimizer took, the BLP's figures, and the optimized program's kernel medians
 summed (``vs_torch.kernel_sums``: as recorded, and timed in place) beside its end-to-end time.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -120,12 +122,19 @@ def run(name: str, args) -> dict:
         "max_depth": args.max_depth,
         "subprogram_time_limit": args.subprogram_time_limit,
         "tune": args.tune,
+        "openblas_coretype": openblas_coretype(),
         **orchestration_columns(programs, seconds),
         **{f"{k}_ms": round(v * 1e3, 3) for k, v in medians.items()},
         **kernels,  # the end-to-end time beside the kernels' own: what runs between them
         "vs_kernels_in_place": round(medians["optimized"] * 1e3 / kernels["kernels_in_place_ms"], 3),
         **{f"vs_{k}": round(medians[k] / medians["optimized"], 2) for k in medians if k != "optimized"},
     }
+
+
+def openblas_coretype() -> str:
+    """The kernels numpy's OpenBLAS runs: the environment's choice, or "auto" (its own pick for
+    the CPU). A row's times hold only for the kernels it was measured with."""
+    return os.environ.get("OPENBLAS_CORETYPE", "") or "auto"
 
 
 def main() -> None:
@@ -149,9 +158,11 @@ def main() -> None:
         rows = [
             r
             for r in (json.loads(out.read_text()) if out.exists() else [])
-            if (r["model"], r.get("tune", 0)) != (name, args.tune)
+            if (r["model"], r.get("tune", 0), r["openblas_coretype"]) != (name, args.tune, row["openblas_coretype"])
         ]
-        ordered = sorted(rows + [row], key=lambda r: (list(MODELS).index(r["model"]), r.get("tune", 0)))
+        ordered = sorted(
+            rows + [row], key=lambda r: (r["openblas_coretype"], list(MODELS).index(r["model"]), r.get("tune", 0))
+        )
         write_rows(out, ordered)
     print(f"wrote {out.relative_to(ROOT)}")
 
