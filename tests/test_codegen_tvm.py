@@ -320,6 +320,7 @@ STRIDED = [  # (expression, shapes, the deinterleaved copy's shape, or None: rea
         "(2, 10, 3, 6)",
     ),
     ("L f:4, h:4, w:4 ; S r:3, s:3 ; X[f, 2*w+s, h+r] * W[f, r, s]", (4, 10, 6), (4, 3, 3), None),  # lanes step rows
+    ("L f:4, h:3, w:4 ; S c:3 ; X[c, 2*h, 2*w] * W[f, c]", (3, 6, 8), (4, 3), "(3, 6, 2, 4)"),  # no padding
     ("L c:3, h:4, w:5 ; X[c, 2*h, 2*w]", (3, 8, 10), None, None),  # a strided slice reads each element once
 ]
 
@@ -334,6 +335,31 @@ def test_a_strided_convolution_reads_its_input_through_a_deinterleaved_copy(text
     assert (f"T.sblock_alloc_buffer({copy}" in listing) if copy else ("T.sblock_alloc_buffer" not in listing)
     for schedule in [Schedule(), Schedule(pad=False), Schedule(reduction_vector=True), Schedule(vector=4)]:
         assert_matches(expr, random_inputs(expr, 7), dtype="float32", schedule=schedule)
+
+
+def test_a_deinterleaving_copy_made_at_its_reader_reads_padded_rows_copied_without_a_bound_check():
+    """TVM scalarises a vectorised loop whose lanes disagree on a guard, so a deinterleaved copy
+    of an input padded on both sides, made at its reader's parallel loop, is made in two: the
+    padded rows, zeros first and then the rows copied unguarded (a ``_pad_const`` block), and
+    the phases out of them, their loop innermost and unrolled. Rows padded only after their end,
+    and rows the reader takes in slices (a convolution tiled along them, like ResNet-50's stem),
+    stay one guarded copy, which measured as fast there."""
+    both = "L f:96, h:56, w:56 ; S r:3, s:3 ; X[f, 2*h+r-1, s+2*w-1] * W[f, r, s]"
+    after = "L f:96, h:56, w:56 ; S r:3, s:3 ; X[f, 2*h+r, s+2*w] * W[f, r, s]"
+    depthwise = {"X": (96, 112, 112), "W": (96, 3, 3)}
+    sliced = "L f:64, h:64, w:64 ; S c:3, r:7, s:7 ; X[c, 2*h+r-3, s+2*w-3] * W[f, c, r, s]"
+    cases = [
+        (both, depthwise, True),
+        (after, depthwise, False),
+        (sliced, {"X": (3, 128, 128), "W": (64, 3, 7, 7)}, False),
+    ]
+    for text, shapes, unguarded in cases:
+        expr = parse(text, shapes)
+        listing = compile_scope(expr, dtype="float32").listing()
+        assert ("_pad_const" in listing) == unguarded
+        assert listing.count("T.sblock_alloc_buffer") == (2 if unguarded else 1)
+        assert bool(re.search(r'in T.unroll\(2\):\n\s+with T.sblock\("pad_', listing)) == unguarded  # the phases
+        assert_matches(expr, random_inputs(expr, 3), dtype="float32")
 
 
 def test_a_summing_stage_whose_lanes_no_vector_divides_is_computed_over_whole_vectors_and_tiles():
