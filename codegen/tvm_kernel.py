@@ -1195,30 +1195,42 @@ def _deinterleaving(sch: tvm.s_tir.Schedule, rows: _Stage, phases, rows_moved: b
     block = sch.get_sblock(rows.tensor.op.name)
     width = int(sch.get(block).writes[0].source.shape[-1])
     split, columns = (int(d) for d in sch.get(phases).writes[0].source.shape[-2:])
-    row_loops = _row_loops(sch, block, width, rows_moved)
-    phase_loops = _row_loops(sch, phases, columns, phases_moved)
-    whole = rows_moved and rows.before > 0 and row_loops and phase_loops
-    if not whole or int(sch.get(phase_loops[-2]).extent) != split or not sch.can_decompose_padding(block, row_loops[1]):
+    row_loops, phase_loops = sch.get_loops(block), sch.get_loops(phases)
+    parts = _row_parts(sch, phase_loops, columns)
+    whole = (
+        rows_moved
+        and rows.before > 0
+        and _row_parts(sch, row_loops, width) == 1
+        and parts is not None
+        and int(sch.get(phase_loops[-1 - parts]).extent) == split
+    )
+    if not whole or not sch.can_decompose_padding(block, row_loops[1]):
         sch.compute_inline(block)
         if phases_moved:
             _vectorized_row(sch, phases)
         return sch
     for copy in (sch.decompose_padding(block, row_loops[1]), block):
         _vectorized_row(sch, copy)
-    sch.reorder(phase_loops[-1], phase_loops[-2])
+    column = sch.fuse(*phase_loops[-2:]) if parts == 2 else phase_loops[-1]  # a row split into vectors: whole again
+    sch.reorder(column, phase_loops[-1 - parts])
     sch.unroll(sch.get_loops(phases)[-1])
     return sch
 
 
-def _row_loops(sch: tvm.s_tir.Schedule, block, width: int, moved: bool) -> list | None:
-    """``block``'s loops with its last dimension (``width`` long) one loop, the last: as made at
-    a reader, or as ``_schedule_stage`` left it (a row split into vectors fused back), or None."""
-    loops = sch.get_loops(block)
+def _row_parts(sch: tvm.s_tir.Schedule, loops: list, width: int) -> int | None:
+    """How many of the innermost ``loops`` make a row ``width`` long: one as made at a reader,
+    two as ``_schedule_stage`` leaves a row split into vectors; None where neither."""
     extents = [int(sch.get(loop).extent) for loop in loops[-2:]]
-    if not moved and len(loops) > 1 and sch.get(loops[-1]).kind == tvm.tirx.ForKind.VECTORIZED:
-        if math.prod(extents) == width and sch.get(loops[-2]).kind == tvm.tirx.ForKind.SERIAL:
-            loops = [*loops[:-2], sch.fuse(loops[-2], loops[-1])]
-    return loops if int(sch.get(loops[-1]).extent) == width and len(loops) > 1 else None
+    if len(loops) > 1 and extents[-1] == width:
+        return 1
+    kinds = [sch.get(loop).kind for loop in loops[-2:]]
+    if (
+        len(loops) > 2
+        and math.prod(extents) == width
+        and kinds == [tvm.tirx.ForKind.SERIAL, tvm.tirx.ForKind.VECTORIZED]
+    ):
+        return 2
+    return None
 
 
 def _vectorized_row(sch: tvm.s_tir.Schedule, block) -> None:
