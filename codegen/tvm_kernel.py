@@ -370,7 +370,7 @@ class _Lowering:
         ``split`` k > 1 its last dimension deinterleaved into k phases, ``copy[.., p, j]`` =
         ``padded[.., k*j + p]`` (``deinterleaved``), so that reads k apart become contiguous:
         the padded rows first (their last dimension rounded up to k columns), then the phases
-        out of them, each a copy without a bound to check."""
+        out of them (``_deinterleaving`` decides how the two are made)."""
         if (key, pads, split) not in self.padded:
             if split > 1:
                 before, after = pads[-1]
