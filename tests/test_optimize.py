@@ -9,7 +9,8 @@ import pytest
 
 from rewriter import evaluate, parse_program
 from rewriter.ir import tensor_shapes
-from rewriter.pipeline import fold_weights, load_optimized, optimize_program
+from rewriter.lower import match_operator
+from rewriter.pipeline import fold_weights, fuse_elementwise, load_optimized, merge_parallel, optimize_program
 
 
 def test_activations_fuse_and_equal_subprograms_are_searched_once_with_their_own_weights(tmp_path, monkeypatch):
@@ -185,7 +186,6 @@ def test_the_longformer_unfold_fuses_into_its_band_products():
     pytest.importorskip("onnx")
     from rewriter import zoo
     from rewriter.frontends.onnx import load_onnx
-    from rewriter.pipeline import fuse_elementwise
 
     model = load_onnx(zoo.build("longformer", small=True))
     fused = fuse_elementwise(model.program)
@@ -199,9 +199,6 @@ def test_a_reshape_that_only_drops_a_dimension_of_one_fuses_into_the_product_rea
     """ViT's query, key and value products each read a 197x768 copy of their 1x197x768 input:
     the copy moves nothing (same memory, same order), so the product reads the input itself and
     still matches as a matmul; a transposing copy stays, for the operators to match."""
-    from rewriter.lower import match_operator
-    from rewriter.pipeline import fuse_elementwise
-
     shapes = {"X": (1, 6, 4), "W": (4, 3)}
     program = parse_program(
         "R = L i:6, k:4 ; X[0, i, k]\nY = L i:6, j:3 ; S k:4 ; R[i, k] * W[k, j]\n"
@@ -221,8 +218,6 @@ def test_a_reshape_that_only_drops_a_dimension_of_one_fuses_into_the_product_rea
 def test_parallel_definitions_merge_into_a_batched_one_where_it_costs_less():
     """Q, K and V projections share their input: one batched definition computes all three and
     each is read back as a view, where the cost says the batched one is cheaper."""
-    from rewriter.pipeline import merge_parallel
-
     shapes = {"X": (6, 4), "Wq": (4, 4), "Wk": (4, 4), "Wv": (4, 4)}
     program = parse_program(
         "Q = L i:6, j:4 ; S k:4 ; X[i, k] * Wq[k, j]\n"
