@@ -16,6 +16,7 @@ from hypothesis import given, settings
 
 from codegen import CodegenError, Schedule, TvmKernel, candidate_schedules, compile_scope
 from codegen.tvm_kernel import (
+    _native_lanes,
     _scheduled,
     aligned_copy,
     aligned_empty,
@@ -155,6 +156,31 @@ def test_a_products_register_tile_runs_along_the_rows_that_share_the_weight():
     assert "for m_1 in T.unroll(8)" in listing and "for n_1 in T.vectorized" in listing
     assert listing.index("n_0") < listing.index("m_0")
     assert_matches(expr, random_inputs(expr, 2), dtype="float32", schedule=Schedule(tile=8))
+
+
+@pytest.mark.parametrize("cpu, lanes", [("znver3", 8), ("haswell", 8), ("znver4", 16), ("skylake-avx512", 16)])
+def test_the_native_vector_width_is_the_cpus_widest_registers(cpu, lanes):
+    """Tiles are sized by the target's float32 lanes: 8 on AVX2-only CPUs (TVM's own vector
+    width says 512 bits for them too, and tiles sized so spilled on AMD Zen 3)."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+    assert _native_lanes(target, "float32") == lanes
+
+
+@pytest.mark.parametrize(
+    "columns, tile", [(14, "w_1 in T.unroll(7)"), (7, "w_1 in T.unroll(7)"), (28, "l_0_1 in T.unroll(2)")]
+)
+def test_with_avx2s_lanes_a_convolution_tiles_its_columns_in_rows_one_vector_wide_where_two_would_not_divide_them(
+    columns, tile
+):
+    """A 3x3 convolution in panels of 16 output channels, 8 lanes (AVX2, 16 registers): rows two
+    vectors wide are at most 6, and 14 or 7 columns have no divisor up to that but 2 or 1; one
+    vector wide, 7 rows. 28 columns keep rows of two vectors (4 rows: 8 accumulators)."""
+    shapes = {"X": (8, columns + 2, columns + 2), "P": (4, 8, 3, 3, 16)}
+    text = f"L j:4, h:{columns}, w:{columns}, l:16 ; S c:8, r:3, s:3 ; X[c, h+r, w+s] * P[j, c, r, s, l]"
+    expr = parse(text, shapes)
+    listing = compile_scope(expr, dtype="float32", schedule=Schedule(vector=8)).listing()
+    assert tile in listing and "T.vectorized(8)" in listing
+    assert_matches(expr, random_inputs(expr, 3), dtype="float32", schedule=Schedule(vector=8))
 
 
 def test_a_products_tile_rows_share_its_vector_reads_however_large_the_broadcast_operand():
