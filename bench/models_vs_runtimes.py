@@ -13,8 +13,9 @@ and by the greedy baseline ("greedy") from the same derivations. All five are ch
 onnxruntime's output, then timed in one process, interleaved round by round
 (``vs_torch.interleaved``), in float32: onnxruntime with 2 intra-op threads and spinning off,
 PyTorch under ``no_grad``. Adds (or replaces) one row per model, ``--tune`` (TVM schedules
-raced per generated kernel, ``CpuBackend(tune=N)``) and OpenBLAS kernel set (the environment's
-``OPENBLAS_CORETYPE``, or "auto") in bench/results/models_vs_runtimes.json,
+raced per generated kernel, ``CpuBackend(tune=N)``), OpenBLAS kernel set (the environment's
+``OPENBLAS_CORETYPE``, or "auto") and CPU (``codegen.measure.cpu_model``; rows from before
+it was recorded are the Zen 5's, family 26) in bench/results/models_vs_runtimes.json,
 with the time the optimizer took, the BLP's figures, and the optimized program's kernel medians
 summed (``vs_torch.kernel_sums``: as recorded, and timed in place) beside its end-to-end time.
 """
@@ -42,6 +43,7 @@ import torch  # noqa: E402
 import transformers as T  # noqa: E402
 
 from codegen.backend import CpuBackend  # noqa: E402
+from codegen.measure import cpu_model  # noqa: E402
 from rewriter.frontends.onnx import load_onnx  # noqa: E402
 
 # name -> the model with its default configuration; text models read token ids
@@ -123,12 +125,18 @@ def run(name: str, args) -> dict:
         "subprogram_time_limit": args.subprogram_time_limit,
         "tune": args.tune,
         "openblas_coretype": openblas_coretype(),
+        "cpu": cpu_model(),
         **orchestration_columns(programs, seconds),
         **{f"{k}_ms": round(v * 1e3, 3) for k, v in medians.items()},
         **kernels,  # the end-to-end time beside the kernels' own: what runs between them
         "vs_kernels_in_place": round(medians["optimized"] * 1e3 / kernels["kernels_in_place_ms"], 3),
         **{f"vs_{k}": round(medians[k] / medians["optimized"], 2) for k in medians if k != "optimized"},
     }
+
+
+def _key(row: dict) -> tuple:
+    """A row replaces an earlier one of the same model, tune, OpenBLAS kernels and CPU."""
+    return (row["cpu"], row["openblas_coretype"], list(MODELS).index(row["model"]), row.get("tune", 0))
 
 
 def openblas_coretype() -> str:
@@ -155,15 +163,8 @@ def main() -> None:
         row = run(name, args)
         print(f"{name:<12}" + "".join(f"{row[c]:>18}" for c in columns + ratios), flush=True)
         # Rows of earlier runs (other models) are kept, so models can be measured one run at a time.
-        rows = [
-            r
-            for r in (json.loads(out.read_text()) if out.exists() else [])
-            if (r["model"], r.get("tune", 0), r["openblas_coretype"]) != (name, args.tune, row["openblas_coretype"])
-        ]
-        ordered = sorted(
-            rows + [row], key=lambda r: (r["openblas_coretype"], list(MODELS).index(r["model"]), r.get("tune", 0))
-        )
-        write_rows(out, ordered)
+        rows = [r for r in (json.loads(out.read_text()) if out.exists() else []) if _key(r) != _key(row)]
+        write_rows(out, sorted(rows + [row], key=_key))
     print(f"wrote {out.relative_to(ROOT)}")
 
 

@@ -106,7 +106,7 @@ def device_id() -> str:
     Timings move when any of these change (OpenBLAS picks its kernels by CPU model), and none of
     them change between runs on the same machine, so the string keys the database across runs.
     """
-    parts = [_cpu_model(), platform.machine(), f"{os.cpu_count()} cores"]
+    parts = [cpu_model(), platform.machine(), f"{os.cpu_count()} cores"]
     blas = _numpy_blas()
     if blas:
         parts.append(blas)
@@ -126,7 +126,7 @@ def last_level_cache() -> int:
     return max(sizes, default=32 << 20)
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     """The CPU's marketing name from /proc/cpuinfo where there is one, with its family and model
     numbers (a virtual machine may name a Zen 4 and a Zen 5 alike, "AMD EPYC"), else what
     platform says."""
