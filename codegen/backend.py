@@ -32,7 +32,7 @@ from rewriter.lower import Candidate
 
 from .cuda import CudaBackend
 from .measure import MeasurementDB, device_id
-from .orchestrate import Orchestration, faster_end_to_end, fuse_boundaries, orchestrate, race_shared_in_place
+from .orchestrate import Orchestration, agreeing, faster_end_to_end, fuse_boundaries, orchestrate, race_shared_in_place
 from .program import CompiledProgram, compile_candidate, remeasure, stitch
 
 
@@ -95,19 +95,23 @@ class CpuBackend:
         ``limits``: ``max_primitives``, ``time_limit``), its program then raced end to end
         against the greedy one's (``faster_end_to_end``) where the time limit leaves room. Each
         plan is first raced where its program runs (``race_shared_in_place``, with the
-        subprograms' runners-up ``alternatives``)."""
+        subprograms' runners-up ``alternatives``), and checked against the stitched program on
+        the same inputs (``agreeing``): a plan that computes something else is left out, and
+        where none is left the stitched program is returned as it is."""
         start = time.perf_counter()
         plans = {}
         if method == "blp":
             plans["blp"] = race_shared_in_place(
                 program, *orchestrate(program, required, self.db, self.tune, **limits), alternatives
             )
-            if time.perf_counter() - start > limits.get("time_limit", math.inf):
-                return plans["blp"]
-        plans["greedy"] = race_shared_in_place(
-            program, *fuse_boundaries(program, boundaries, self.db, self.tune), alternatives
-        )
-        return faster_end_to_end(plans)
+        if method != "blp" or time.perf_counter() - start <= limits.get("time_limit", math.inf):
+            plans["greedy"] = race_shared_in_place(
+                program, *fuse_boundaries(program, boundaries, self.db, self.tune), alternatives
+            )
+        checked = agreeing(plans, program, required)
+        if not checked:  # no plan computes what its kernels compute apart: those kernels, as stitched
+            return program, Orchestration("none", figures={"disagreed": sorted(plans)})
+        return faster_end_to_end(checked)
 
 
 @dataclass

@@ -21,8 +21,11 @@ computed more than once, and the figures (candidates, solver time, gap).
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
+
+import numpy as np
 
 from rewriter.ir import Scope, tensor_shapes
 from rewriter.lower import Kernel
@@ -47,6 +50,7 @@ from .program import (
     end_to_end_seconds,
     race_in_place,
     remeasure,
+    results_agree,
 )
 from .tvm_kernel import CodegenError
 
@@ -298,6 +302,35 @@ def faster_end_to_end(
     if times:
         figures["end_to_end_ms"] = {method: round(s * 1e3, 3) for method, s in times.items()}
     return program, replace(plan, figures=figures)
+
+
+def agreeing(
+    plans: Mapping[str, tuple[CompiledProgram, Orchestration]], reference: CompiledProgram, outputs: set[str]
+) -> dict[str, tuple[CompiledProgram, Orchestration]]:
+    """The plans whose programs give ``reference``'s ``outputs`` (the stitched program: each of
+    its kernels verified, none fused across subprograms) on the same inputs, zeros and ones
+    drawn at random (valid token ids and masks too). A plan that disagrees is left out with a warning naming its first output that differs: its
+    kernels were checked alone and fused ones against their parts, which a fault between
+    kernels (a buffer planned over a value still to be read, a call bound to the wrong buffer)
+    passes."""
+    rng = np.random.default_rng(0)
+    given = {n: rng.integers(0, 2, s).astype(reference.dtype) for n, s in reference.inputs.items()}
+    given = {n: v for n, v in given.items() if n not in reference.constants}
+    names = sorted(outputs | {reference.output})
+    want = reference.run(given, outputs=names)
+    kept = {}
+    for method, (program, plan) in plans.items():
+        got = program.run(given, outputs=names)
+        wrong = next((n for n in names if not results_agree(got[n], want[n])), None)
+        if wrong is None:
+            kept[method] = (program, plan)
+        else:
+            warnings.warn(
+                f"orchestration: the {method} plan computes {wrong} unlike the kernels it fuses; left out",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return kept
 
 
 def _same_kernels(a: CompiledProgram, b: CompiledProgram) -> bool:

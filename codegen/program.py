@@ -826,9 +826,14 @@ def _same_results(fused: Step, apart: list[Step], dtype: str, seed: int = 0) -> 
         step.call(want, want[step.kernel.output])
     got = aligned_empty(fused.kernel.expr.shape, dtype)
     fused.call(values, got)
-    expected = want[apart[-1].kernel.output]
-    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
-    return bool(np.allclose(got, expected, rtol=1e-3, atol=1e-3 * scale))
+    return results_agree(got, want[apart[-1].kernel.output])
+
+
+def results_agree(got: np.ndarray, want: np.ndarray) -> bool:
+    """Two computations of one value agree: within 1e-3, relative to the larger of 1 and the
+    largest magnitude wanted."""
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    return bool(np.allclose(got, want, rtol=1e-3, atol=1e-3 * scale))
 
 
 def stitch(

@@ -240,6 +240,32 @@ def test_a_product_and_its_epilogue_share_a_generated_kernel(tmp_path, monkeypat
     np.testing.assert_allclose(orchestrated(X=x, W=w, B=b), np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-5)
 
 
+def test_a_plan_that_computes_something_else_than_its_kernels_apart_is_left_out(tmp_path):
+    """Each plan's program is run against the stitched one on the same inputs before the race:
+    a plan whose B comes out wrong (its kernel bound to a call that writes zeros, as a fault
+    between verified kernels would) is left out, with a warning naming B; where no plan is
+    left, the stitched program is kept."""
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    program = _program(db)
+
+    def zeros(values, out):
+        out[...] = 0
+
+    broken = replace(
+        program,
+        steps=[replace(s, call=zeros) if s.kernel.output == "B" else s for s in program.steps],
+        buffers={},
+    )
+    plans = {
+        "blp": (broken, orchestrate_module.Orchestration("blp")),
+        "greedy": (program, orchestrate_module.Orchestration("greedy")),
+    }
+    with pytest.warns(RuntimeWarning, match="the blp plan computes B unlike the kernels it fuses"):
+        assert list(orchestrate_module.agreeing(plans, program, {"B", "C"})) == ["greedy"]
+    with pytest.warns(RuntimeWarning, match="computes B"):
+        assert orchestrate_module.agreeing({"blp": plans["blp"]}, program, {"B", "C"}) == {}
+
+
 def test_the_plan_kept_is_the_one_whose_whole_run_is_faster(tmp_path, monkeypatch):
     """The BLP's plan (A computed twice, inside B's and C's kernels) and the greedy one (three
     kernels) raced end to end: the one whose whole run measures faster is kept (the measured
