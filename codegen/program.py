@@ -303,7 +303,7 @@ class CompiledProgram:
         overridden = set(inputs) & set(self.constants)
         if overridden:  # the laid-out weights and weight-only kernels' outputs came from the constants
             kept = {n: v for n, v in self.constants.items() if n in self.inputs and n not in overridden}
-            return CompiledProgram(self.steps, self.inputs, self.dtype, self.source).bind(kept).run(inputs, outputs)
+            return self.rebound(kept).run(inputs, outputs)
         given = {}
         for name, shape in self.inputs.items():
             if name in inputs:
