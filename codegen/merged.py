@@ -16,6 +16,8 @@ tensor read once whole and once not (the view is one per tensor).
 
 from __future__ import annotations
 
+import functools
+
 from rewriter.index import normalize, to_index
 from rewriter.ir import (
     Access,
@@ -41,6 +43,7 @@ def merge_loops(scope: Scope) -> Scope:
     return merged if merged != plain else scope
 
 
+@functools.lru_cache(maxsize=4096)  # a nested scope read twice (a mean, by a variance too) merged once
 def _merged_within(scope: Scope, outputs: bool) -> Scope:
     """Nested scopes' summation pairs first (their shapes are their readers'), then this
     scope's pairs: traversal ones only where ``outputs`` (the caller views the result)."""
@@ -104,6 +107,7 @@ def _merged_reads(body, a: Iterator, b: Iterator):
     return None if refused else body
 
 
+@functools.lru_cache(maxsize=4096)
 def _units_fixed(scope: Scope) -> Scope:
     """``scope`` without summation iterators of one value (a 1x1 kernel's r and s), and every
     iterator of one value read at that value (a traversal one stays a dimension), in nested

@@ -48,14 +48,20 @@ def rename_tensors(scope: Scope | Opaque, names: dict[str, str]) -> Scope | Opaq
     if isinstance(scope, Opaque):
         inputs = tuple(Tensor(names.get(t.name, t.name), t.shape) for t in scope.inputs)
         return Opaque(scope.op, inputs, scope.attributes)
+    done: dict[Scope, Scope] = {}  # a nested scope read twice (a mean, by a variance too) renamed once
+
+    def renamed(nested: Scope) -> Scope:
+        if nested not in done:
+            done[nested] = nested.with_body(map_accesses(nested.body, read))
+        return done[nested]
 
     def read(access: Access) -> Scalar:
         source = access.source
         if isinstance(source, Scope):
-            return Access(rename_tensors(source, names), access.indices)
+            return Access(renamed(source), access.indices)
         return Tensor(names[source.name], source.shape)[access.indices] if source.name in names else access
 
-    return scope.with_body(map_accesses(scope.body, read))
+    return renamed(scope)
 
 
 def substitute(body: Scalar, mapping: dict[str, Index]) -> Scalar:
