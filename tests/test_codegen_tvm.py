@@ -194,6 +194,26 @@ def test_a_products_tile_rows_share_its_vector_reads_however_large_the_broadcast
     assert_matches(expr, random_inputs(expr, 2), dtype="float32", schedule=schedule)
 
 
+@pytest.mark.parametrize(
+    "text, shapes, blocked",
+    [  # an NCHW 1x1 convolution computed transposed: its input read k-major, a new line each step
+        ("L fo:4, n:56, fi:32 ; S k:512 ; X[k, n] * U[fo, k, fi]", {"X": (512, 56), "U": (4, 512, 32)}, True),
+        # a product whose broadcast reads run along the summation: each line serves 16 steps
+        ("L i:56, j:128 ; S k:512 ; A[i, k] * W[k, j]", {"A": (56, 512), "W": (512, 128)}, False),
+    ],
+)
+def test_a_tile_whose_broadcast_reads_cross_lines_every_step_sums_in_blocks(text, shapes, blocked):
+    """Blocked, the summation's outer loop goes outside the loop over the tiles that share the
+    weight's block: 8 KiB of it, 128 steps of two AVX2 vectors, 64 of two AVX-512 ones."""
+    expr = parse(text, shapes)
+    listing = compile_scope(expr, dtype="float32").listing()
+    split = re.search(r"T\.axis\.reduce\(512, k_0 \* (\d+) \+ k_1\)", listing)
+    lanes = _native_lanes(host_target(), "float32")
+    assert (int(split.group(1)) if split else None) == ((8 << 10) // (4 * 2 * lanes) if blocked else None)
+    assert_matches(expr, random_inputs(expr, 4), dtype="float32")
+    assert "k_0" not in compile_scope(expr, dtype="float32", schedule=Schedule(kblock=1)).listing()
+
+
 @pytest.mark.parametrize("rows, guarded", [(29, True), (28, False)])
 def test_a_products_tile_rows_go_past_a_loop_they_do_not_divide_guarded(rows, guarded):
     """ViT's attention-weighted values, 197 rows of a prime: rather than one row that shares
@@ -581,6 +601,32 @@ def test_second_compile_loads_from_the_cache(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == [first.path.name]  # no temporary files left
     with pytest.raises(AssertionError):
         compile_scope(expr, dtype="float64")  # another key: compiles
+
+
+def test_a_kernel_equal_up_to_its_tensors_names_loads_the_same_machine_code(tmp_path, monkeypatch):
+    """A model's layers differ in their weights' names only: one compile serves them all, each
+    kernel taking its own tensors by position (here swapped: A's name read second)."""
+    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path))
+    shapes = {"A": (8, 16), "B": (16, 32)}
+    first = compile_scope(
+        parse("L i:8, j:32 ; S k:16 ; A[i, k] * B[k, j]", shapes), schedule=Schedule(panels=(("B", 1),))
+    )
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(tvm, "compile", no_compiling)
+    swapped = parse("L i:8, j:32 ; S k:16 ; B[i, k] * A[k, j]", {"B": (8, 16), "A": (16, 32)})
+    second = compile_scope(swapped, schedule=Schedule(panels=(("A", 1),)))
+    assert second.path == first.path and second.from_cache and second.schedule.panels == (("A", 1),)
+    rng = np.random.default_rng(0)
+    b, a = rng.uniform(-1, 1, (8, 16)), rng.uniform(-1, 1, (16, 32))
+    out = aligned_empty((8, 32), "float32")
+    second.run({"B": aligned_copy(b, "float32"), "A": panel_layout(a, 1, "float32")}, out)
+    np.testing.assert_allclose(out, b @ a, rtol=1e-5)
+    assert first.renamed(swapped).schedule == second.schedule
+    with pytest.raises(AssertionError):  # another shape: another kernel
+        compile_scope(parse("L i:8, j:32 ; S k:16 ; A[i, k] * A[k + 8, j]", {"A": (24, 32)}))
 
 
 def test_a_corrupt_cache_entry_is_compiled_again(tmp_path, monkeypatch):
