@@ -18,7 +18,8 @@ around it, one eOperator (``relu({product}[..] + B[f])``, as the optimizer fuses
 implementations those the eOperator races ("tvm", "packed", and with the epilogue computed where
 the product is laid out, "transposed", "panels"), against onnxruntime's node with its bias and
 a Relu (which onnxruntime fuses into it). Prints ms per product; writes
-bench/results/products_vs_mlas.json (rows of other shapes kept).
+bench/results/products_vs_mlas.json, each row naming its CPU (``codegen.measure.cpu_model``;
+rows of other shapes or CPUs kept).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from codegen.measure import cpu_model  # noqa: E402
 from codegen.program import LIBRARY_CALLS, _cold_copies, _step, _timing_call, implementations  # noqa: E402
 from rewriter import conv2d, parse  # noqa: E402
 from rewriter.ir import Scope, Tensor, accesses, index_vars, tensor_shapes  # noqa: E402
@@ -134,7 +136,15 @@ def run(label: str, expr, onnx_node: tuple, attributes: dict, rounds: int, epilo
         "onnxruntime": lambda: session.run(None, feed),
     }
     medians = interleaved(functions, rounds)
-    return {"shape": label, **{f"{name}_ms": round(s / copies * 1e3, 3) for name, s in medians.items()}}
+    return {
+        "shape": label,
+        "cpu": cpu_model(),
+        **{f"{name}_ms": round(s / copies * 1e3, 3) for name, s in medians.items()},
+    }
+
+
+def _key(row: dict) -> tuple[str, str]:
+    return row["cpu"], row["shape"]
 
 
 def main() -> None:
@@ -158,9 +168,9 @@ def main() -> None:
         rows.append(strided_convolution(spec, args.rounds, args.epilogue))
         print("  ".join(f"{key} {value}" for key, value in rows[-1].items()), flush=True)
     out = ROOT / "bench" / "results" / "products_vs_mlas.json"
-    done = {row["shape"] for row in rows}
+    done = {_key(row) for row in rows}  # a row replaces an earlier one of its shape on this CPU
     earlier = json.loads(out.read_text()) if out.exists() else []
-    write_rows(out, [row for row in earlier if row["shape"] not in done] + rows)
+    write_rows(out, [row for row in earlier if _key(row) not in done] + rows)
     print(f"wrote {out.relative_to(ROOT)}")
 
 

@@ -8,9 +8,10 @@ Each model is built by ``rewriter.frontends.zoo`` as ONNX, imported with ``load_
 ONNX graph node by node with torch operators (``TorchGraph`` below: a small executor for the ops
 the zoo uses, written for this benchmark; torch.compile traces it into one graph). Both are
 checked against ``Model.original`` (onnxruntime) and timed in one process, interleaved,
-with the idle settings of bench/vs_torch.py. Adds (or replaces) one row per model in
-bench/results/zoo_vs_torch.json (zoo_vs_torch_small.json with --small), with the optimized
-program's kernel medians summed (``vs_torch.kernel_sums``) beside its end-to-end time.
+with the idle settings of bench/vs_torch.py. Adds (or replaces) one row per model and CPU
+(``codegen.measure.cpu_model``) in bench/results/zoo_vs_torch.json (zoo_vs_torch_small.json
+with --small), with the optimized program's kernel medians summed (``vs_torch.kernel_sums``)
+beside its end-to-end time.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
+from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns, write_rows  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
 
+from codegen.measure import cpu_model  # noqa: E402
 from rewriter import zoo  # noqa: E402
 from rewriter.frontends.onnx import load_onnx  # noqa: E402
 
@@ -161,6 +163,7 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
     return {
         "model": name,
         "small": small,
+        "cpu": cpu_model(),
         "subprograms": len(optimized.subprograms),
         **orchestration_columns(programs, seconds),
         **{f"{k}_ms": round(v * 1e3, 3) for k, v in medians.items()},
@@ -170,6 +173,11 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
         **kernels,  # the end-to-end time beside the kernels' own: what runs between them
         "vs_kernels_in_place": round(medians["optimized"] * 1e3 / kernels["kernels_in_place_ms"], 3),
     }
+
+
+def _key(row: dict) -> tuple[str, int]:
+    """A row replaces an earlier one of the same model and CPU."""
+    return row["cpu"], zoo.NAMES.index(row["model"])
 
 
 def main() -> None:
@@ -193,9 +201,9 @@ def main() -> None:
             f"{row['torch_compile_ms']:>11}{row['vs_greedy']:>9}{row['vs_torch_eager']:>9}{row['vs_torch_compile']:>10}",
             flush=True,
         )
-        # Rows of earlier runs (other models) are kept, so models can be measured one run at a time.
-        rows = [r for r in (json.loads(out.read_text()) if out.exists() else []) if r["model"] != name]
-        out.write_text(json.dumps(sorted(rows + [row], key=lambda r: zoo.NAMES.index(r["model"])), indent=1))
+        # Rows of earlier runs (other models, other CPUs) are kept, so models can be measured one run at a time.
+        rows = [r for r in (json.loads(out.read_text()) if out.exists() else []) if _key(r) != _key(row)]
+        write_rows(out, sorted(rows + [row], key=_key))
     print(f"wrote {out.relative_to(ROOT)}")
 
 
