@@ -1022,12 +1022,13 @@ def _vector_traversal(sch, block, stage: _Stage, params: Schedule, native: int) 
     order = _outer_order(stage) if reduction else range(rank)  # the large operand's loops outermost
     outside, inside = [spatial[k] for k in order], []
     steps = reduction and _summation_block(stage, found and stage.traversal[found[0]], width * lanes, params)
-    vectors = [ix for ix, _ in stage.reads if _varies(stage.inner, ix)]
-    shares = [k for k in order if not any(_varies(stage.traversal[k], ix) for ix in vectors)]
-    if steps and math.prod(int(sch.get(spatial[k]).extent) for k in order if k not in shares) >= _BLOCKED_ITERATIONS:
-        reduction[0], inner = sch.split(reduction[0], [None, steps])
-        outside = [spatial[k] for k in order if k not in shares]
-        inside, reduction = [reduction[0], *(spatial[k] for k in shares)], [inner, *reduction[1:]]
+    if steps:  # the loops over tiles that share the vector operand's block go inside the blocks
+        vectors = [ix for ix, _ in stage.reads if _varies(stage.inner, ix)]
+        shares = [k for k in order if not any(_varies(stage.traversal[k], ix) for ix in vectors)]
+        if math.prod(int(sch.get(spatial[k]).extent) for k in order if k not in shares) >= _BLOCKED_ITERATIONS:
+            reduction[0], inner = sch.split(reduction[0], [None, steps])
+            outside = [spatial[k] for k in order if k not in shares]
+            inside, reduction = [reduction[0], *(spatial[k] for k in shares)], [inner, *reduction[1:]]
     sch.reorder(*outside, *inside, *reduction, *unrolled, *tile, *wide, *vector)
     _parallel(sch, outside, params, stage)
     for loop in unrolled + tile + wide:
