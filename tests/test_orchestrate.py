@@ -244,7 +244,7 @@ def test_a_plan_that_computes_something_else_than_its_kernels_apart_is_left_out(
     """Each plan's program is run against the stitched one on the same inputs before the race:
     a plan whose B comes out wrong (its kernel bound to a call that writes zeros, as a fault
     between verified kernels would) is left out, with a warning naming B; where no plan is
-    left, the stitched program is kept."""
+    left, none is returned (``CpuBackend.orchestrate`` then keeps the stitched program)."""
     db = MeasurementDB(tmp_path / "m.sqlite")
     program = _program(db)
 
