@@ -3,8 +3,8 @@ channels, and the convolution computed directly over them (no column matrix).
 
 For a matched convolution without groups (a ``ConvMatch``), ``out[.., f, ..] = S c, r, s ;
 X[..] * W[f, c, r, s]`` with W a weight (``Kernel.weights``), W is copied once, when the
-program's weights are bound, into panels of ``PANEL`` output channels,
-``P[j, c, r, s, l] = W[PANEL*j + l, c, r, s]`` (zero past the last channel), and the convolution
+program's weights are bound, into panels of p output channels,
+``P[j, c, r, s, l] = W[p*j + l, c, r, s]`` (zero past the last channel), and the convolution
 is the scope
 
     O[j, <the output's other iterators>, l] = S c, r, s ; X[..] * P[j, c, r, s, l]
@@ -31,6 +31,23 @@ convolutions, C -> C channels at H x H, padding 1, batch 1, NCHW:
 With 64 output channels the register tile runs along the 4 panels, too few rows. The
 implementations are raced.
 
+A panel is as wide as the register tile's rows (``panel_width``): ``LINE`` channels (a 64-byte
+line of float32) where the tile's rows are that wide, else one vector. With AVX2's 8 lanes, a
+tile one vector wide over 16-channel panels loaded each line of the weight for half of it, and
+the other half again in the next tile. Measured on AMD EPYC (Zen 3), weights warm, ms:
+
+    =========== ========== ========= ===========================
+    C, H        16 lanes   8 lanes   onnxruntime (NCHW in, out)
+    =========== ========== ========= ===========================
+    256, 14      1.90-1.93  1.66      1.60-1.69
+    512, 7       2.08       1.78      1.68-2.03
+    128, 28      1.52       1.60      1.66
+    64, 56       2.42       2.77      2.58
+    =========== ========== ========= ===========================
+
+At 28 and 56 columns the tile's rows are two vectors wide (4 rows of 16 lanes), at 14 and 7 one
+(7 rows of 8). On AVX-512 a vector is the line: panels of 16 either way.
+
 ``panels_call(kernel, dtype)`` returns the call, or None where the convolution has groups, its
 weight is no weight, or an iterator does not start at 0. The call's ``prepare(values)`` gives
 the panels to keep with the program's constants (``bind``); without them it lays out W itself
@@ -40,7 +57,7 @@ on every call (slower).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -50,16 +67,16 @@ from rewriter.lower import ConvMatch, Kernel, inner_product
 
 from .epilogue import LaidOut
 from .native import arguments
-from .tvm_kernel import aligned_copy, aligned_empty, compile_scope, is_aligned
+from .tvm_kernel import aligned_copy, aligned_empty, compile_scope, is_aligned, native_lanes, tile_vectors
 
-PANEL = 16  # output channels per panel: one AVX-512 vector of float32
+LINE = 16  # output channels in a 64-byte line of float32: the widest panel
 
 
-def panels_name(tensor: str, order: Sequence[int]) -> str:
-    """The constant holding ``tensor``'s panels, its axes taken in ``order`` (the channel's
-    first): named by the order too, since another kernel may lay the same weight out another
-    way (see ``packed.packed_name``)."""
-    return f"{tensor}.conv_panels{''.join(map(str, order))}"
+def panels_name(tensor: str, order: Sequence[int], width: int) -> str:
+    """The constant holding ``tensor``'s panels ``width`` channels wide, its axes taken in
+    ``order`` (the channel's first): named by the order and width too, since another kernel may
+    lay the same weight out another way (see ``packed.packed_name``)."""
+    return f"{tensor}.conv_panels{''.join(map(str, order))}w{width}"
 
 
 def panels_call(kernel: Kernel, dtype: str):
@@ -120,22 +137,16 @@ class _Panels:
         self.input, self.weight, self.dtype = x.source.name, w.source.name, dtype
         sizes = {it.name: it.size for it in scope.iterators}
         self.channels = sizes[channel]
-        self.panels = math.ceil(self.channels / PANEL)
         summed = [it.name for it in scope.summation]
         # W's axes in the panels' order: the channel, then the summed iterators in scope order
         self.order = [weight_axes.index(channel)] + [weight_axes.index(n) for n in summed]
         self.summed_shape = tuple(sizes[n] for n in summed)
-        others = [it for it in scope.traversal if it.name != channel]
-        panel, lane = _fresh("j", scope), _fresh("l", scope)
-        product = parse(
-            f"L {', '.join([f'{panel}:{self.panels}', *map(str, others), f'{lane}:{PANEL}'])} ; "
-            f"S {', '.join(map(str, scope.summation))} ; "
-            f"X[{', '.join(map(str, x.indices))}] * P[{', '.join([panel, *summed, lane])}]",
-            {"X": x.source.shape, "P": (self.panels, *self.summed_shape, PANEL)},
-        )
+        self.width = panel_width(lambda width: self._product(scope, x, channel, width), str(dtype))
+        self.panels = math.ceil(self.channels / self.width)
+        product = self._product(scope, x, channel, self.width)
         self.product = compile_scope(product, dtype=str(dtype))
         buffer = aligned_empty(product.shape, dtype)
-        self.laid_out = LaidOut(expr, position, _product_indices(scope, channel), buffer)
+        self.laid_out = LaidOut(expr, position, _product_indices(scope, channel, self.width), buffer)
         self.native = (  # run natively where the panels are bound (a program's constants)
             (
                 self.product.function,
@@ -145,18 +156,30 @@ class _Panels:
             self.laid_out.native,
         )
 
+    def _product(self, scope: Scope, x: Access, channel: str, width: int) -> Scope:
+        """The convolution over panels ``width`` channels wide, P[j, <summed>, l]."""
+        others = [it for it in scope.traversal if it.name != channel]
+        summed = [it.name for it in scope.summation]
+        panels, panel, lane = math.ceil(self.channels / width), _fresh("j", scope), _fresh("l", scope)
+        return parse(
+            f"L {', '.join([f'{panel}:{panels}', *map(str, others), f'{lane}:{width}'])} ; "
+            f"S {', '.join(map(str, scope.summation))} ; "
+            f"X[{', '.join(map(str, x.indices))}] * P[{', '.join([panel, *summed, lane])}]",
+            {"X": x.source.shape, "P": (panels, *self.summed_shape, width)},
+        )
+
     @property
     def name(self) -> str:
-        return panels_name(self.weight, self.order)
+        return panels_name(self.weight, self.order, self.width)
 
     def prepare(self, values: dict) -> dict[str, np.ndarray]:
         """W's panels (none where ``values`` lacks W), to keep with the program's constants."""
         if self.weight not in values:
             return {}
         weight = np.asarray(values[self.weight]).transpose(self.order)
-        wide = np.zeros((self.panels * PANEL, *self.summed_shape), self.dtype)  # zero past the last channel
+        wide = np.zeros((self.panels * self.width, *self.summed_shape), self.dtype)  # zero past the last channel
         wide[: self.channels] = weight
-        panels = wide.reshape(self.panels, PANEL, *self.summed_shape)
+        panels = wide.reshape(self.panels, self.width, *self.summed_shape)
         return {self.name: aligned_copy(np.moveaxis(panels, 1, -1), self.dtype)}
 
     def __call__(self, values: dict, out: np.ndarray) -> None:
@@ -170,10 +193,19 @@ class _Panels:
         self.laid_out(values, out)
 
 
-def _product_indices(scope: Scope, channel: str) -> list[str]:
+def panel_width(product: Callable[[int], Scope], dtype: str) -> int:
+    """Channels per panel for the convolution ``product(width)`` over panels that wide: a line
+    (``LINE``) where the register tile's rows span it, else one vector of this CPU."""
+    lanes = native_lanes(dtype)
+    if lanes >= LINE or tile_vectors(product(LINE), dtype) * lanes >= LINE:
+        return LINE
+    return lanes
+
+
+def _product_indices(scope: Scope, channel: str, width: int) -> list[str]:
     """Where the output's element at the scope's iterators lies in the product in panels."""
     others = [it.name for it in scope.traversal if it.name != channel]
-    return [f"{channel}/{PANEL}", *others, f"{channel}%{PANEL}"]
+    return [f"{channel}/{width}", *others, f"{channel}%{width}"]
 
 
 def _fresh(stem: str, scope: Scope) -> str:

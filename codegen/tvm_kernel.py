@@ -991,15 +991,14 @@ def _vector_traversal(sch, block, stage: _Stage, params: Schedule, native: int) 
     rank = len(stage.shape)
     loops = list(sch.get_loops(block))
     spatial, reduction = loops[:rank], loops[rank:]
+    lanes, width, found = _tile_plan(stage, params, native)
     extents = list(stage.shape)
     vector = []
-    lanes = 1 if stage.inner in stage.divided else _lanes(extents[-1], params.vector or native)
     if lanes > 1:
         spatial[-1], inner = sch.split(spatial[-1], [None, lanes])
         extents[-1] //= lanes
         vector = [inner]
     wide = []
-    width, found = _register_tile(extents, stage, params, native, bool(vector)) if reduction else (1, None)
     if width > 1:
         spatial[-1], inner = sch.split(spatial[-1], [None, width])
         extents[-1] //= width
@@ -1037,6 +1036,37 @@ def _vector_traversal(sch, block, stage: _Stage, params: Schedule, native: int) 
         sch.vectorize(vector[0])
     if reduction:  # initialise before the summation loops, not under a branch inside them
         sch.decompose_reduction(block, (inside or reduction)[0])
+
+
+def _tile_plan(stage: _Stage, params: Schedule, native: int):
+    """(lanes, vectors per row, ``_register_tile``'s (axis, rows) or None) of a stage with
+    traversal lanes: the register tile only where it sums."""
+    extents = list(stage.shape)
+    lanes = 1 if stage.inner in stage.divided else _lanes(extents[-1], params.vector or native)
+    extents[-1] //= lanes
+    if not stage.summation:
+        return lanes, 1, None
+    return lanes, *_register_tile(extents, stage, params, native, lanes > 1)
+
+
+def native_lanes(dtype: str = "float32", target="llvm") -> int:
+    """Vector lanes of ``dtype`` on ``target`` (this CPU's widest vectors for "llvm")."""
+    return _native_lanes(host_target(target), np.dtype(dtype).name)
+
+
+def tile_vectors(scope: Scope, dtype: str = "float32", target="llvm") -> int:
+    """Vectors per row of the register tile that the default schedule gives ``scope``'s summing
+    stage with traversal lanes (1 where it has none): a caller laying a weight out in panels for
+    ``scope`` (``codegen.panels``) makes a panel as wide as a tile's row, so that each tile uses
+    every line of the weight it loads."""
+    dtype, params, target = _normalised(dtype, None, target)
+    native = _native_lanes(target, dtype)
+    merged = merge_loops(scope)
+    lowering = lower_to_te(merged, dtype, params.pad, native, _panels(scope, merged, params))
+    for stage in lowering.stages:
+        if stage.summation and stage.shape and _lane_summation(stage, params, native) is None:
+            return _tile_plan(stage, params, native)[1]
+    return 1
 
 
 # Bytes of the vector operand per summation block (``_summation_block``): a quarter of a 32 KiB

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from codegen.panels import PANEL, panels_call
-from codegen.tvm_kernel import aligned_copy, aligned_empty
+from codegen.panels import LINE, panels_call
+from codegen.tvm_kernel import aligned_copy, aligned_empty, native_lanes, tile_vectors
 from rewriter import evaluate, parse
 from rewriter.ir import accesses, index_vars, tensor_shapes
 from rewriter.lower import CONV2D, Kernel, match_operator
@@ -32,7 +32,7 @@ def _check(call, expr, seed, prepared: bool):
 
 
 @settings(max_examples=20, deadline=None)
-@given(convolutions(max_filters=2 * PANEL + 3, offset_outputs=False), st.integers(0, 2**32 - 1), st.booleans())
+@given(convolutions(max_filters=2 * LINE + 3, offset_outputs=False), st.integers(0, 2**32 - 1), st.booleans())
 def test_panels_compute_the_convolution(expr, seed, prepared):
     kernel = _conv_kernel(expr)
     assert kernel.match is not None, str(expr)
@@ -54,7 +54,7 @@ def test_panels_apply_to_a_weight_without_groups_only():
 
 
 @settings(max_examples=10, deadline=None)
-@given(convolutions(max_filters=2 * PANEL + 3, offset_outputs=False), st.integers(0, 2**32 - 1))
+@given(convolutions(max_filters=2 * LINE + 3, offset_outputs=False), st.integers(0, 2**32 - 1))
 def test_panels_compute_a_convolution_with_its_epilogue_where_they_lay_it_out(expr, seed):
     """An eOperator with a convolution inside it (a bias and a ReLU around it, read at a shifted
     channel): the epilogue is computed by the pass that lays the product out, no pass of its own."""
@@ -69,3 +69,17 @@ def test_panels_compute_a_convolution_with_its_epilogue_where_they_lay_it_out(ex
     assert call is not None, str(fused)
     assert len(call.native) == 2  # the product, and the pass laying it out with the epilogue
     _check(call, fused, seed, prepared=True)
+
+
+@pytest.mark.parametrize("columns", [7, 14, 28])
+def test_a_panel_is_as_wide_as_the_register_tiles_rows(columns):
+    """Each tile loads every line of the weight it reads whole: with AVX2's 8 lanes, 7 or 14
+    output columns tile as rows of one vector, and the panels are one vector wide; where the
+    rows are a whole line wide (or a vector is a line, AVX-512), panels are a line wide."""
+    shapes = {"X": (1, 8, columns + 2, columns + 2), "W": (32, 8, 3, 3)}
+    conv = parse(f"L n:1, f:32, h:{columns}, w:{columns} ; S c:8, r:3, s:3 ; X[n, c, h+r, w+s] * W[f, c, r, s]", shapes)
+    call = panels_call(_conv_kernel(conv), "float32")
+    rows = tile_vectors(call.product.scope) * native_lanes()
+    assert call.width in (LINE, native_lanes())
+    assert rows == call.width  # the tile's row is the panel, no wider, no narrower
+    _check(call, conv, seed=0, prepared=True)
