@@ -3,20 +3,21 @@
 
 A kernel that sums over a weight ``W`` read along its vector lanes (a Matmul's ``B[k, j]``, or
 an eOperator with that product inside it and its epilogue around it: a bias, a GELU) reads W
-from panels of ``PANEL`` columns along the lanes' dimension, ``P[jo, k, l] = W[k, PANEL*jo + l]``
+from panels of p columns along the lanes' dimension, ``P[jo, k, l] = W[k, p*jo + l]``
 (``tvm_kernel.panel_layout``; other dimensions of W kept between), copied once, when the
 program's weights are bound. Each step of the sum then reads one contiguous run of the panel,
 and the whole weight streams from memory in order; reading W as it lies, each step reads two
 vectors N floats past the last step's. The kernel is the kernel's own scope, compiled by TVM like
 any other, its schedule naming W as given in panels (``Schedule.panels``): TVM's index arithmetic
-turns ``P[j / 32, k, j % 32]`` back into whole vectors, since a register tile's row of two
+turns ``P[j / p, k, j % p]`` back into whole vectors, since a register tile's row of two
 vectors (``_tile_width``) is one panel. The other operand is read as it lies. This is how
 onnxruntime's MLAS runs a MatMul with a constant weight; the BLAS call (numpy's) copies the
 weight into its own panels on every call. Measured here (AMD Zen 5, ``bench/products_vs_mlas.py``,
 weights cold, ms): 197x3072 @ 768 2.52 as it lies, 1.95 in panels (onnxruntime 2.05).
 
-A panel is two vectors wide (32 columns of float32), so each row of the register tile is two
-vectors sharing one broadcast read of the other operand. Against one-vector panels: 197x3072 @
+A panel is two vectors wide (``tvm_kernel.panel_width``: 32 columns of float32 on AVX-512, 16
+on AVX2), so each row of the register tile is two vectors sharing one broadcast read of the
+other operand. Against one-vector panels: 197x3072 @
 768 2.76 to 2.22 (onnxruntime 2.10), 197x768 @ 3072 2.77 to 2.16 (2.10), 32x3072 @ 768 0.51 to
 0.46 (0.57).
 
@@ -49,7 +50,7 @@ from rewriter.lower import GemmMatch, Kernel, Operand, inner_product, operand_vi
 
 from .epilogue import LaidOut
 from .native import OUTPUT, arguments
-from .tvm_kernel import PANEL, Schedule, aligned_empty, compile_scope, is_aligned, panel_layout, viewed
+from .tvm_kernel import Schedule, aligned_empty, compile_scope, is_aligned, panel_layout, panel_width, viewed
 
 
 def packed_name(tensor: str, dim: int) -> str:
@@ -131,8 +132,8 @@ def transposed_call(kernel: Kernel, dtype: str):
     runs along the other operand (an NCHW 1x1 convolution: ``C[f, n] = W[f, :] @ X[:, n]``, in
     either order the matcher found), or an eOperator with such a product inside it and its
     epilogue around it (``inner_product``); else None. The weight is laid out once k-major in
-    panels of ``PANEL`` rows (one panel where ``PANEL`` does not divide them), ``U[fo, k, fi] =
-    W[PANEL*fo + fi, k]``, the product computed with the weight's rows innermost,
+    panels of p = ``panel_width()`` rows (one panel where p does not divide them), ``U[fo, k, fi] =
+    W[p*fo + fi, k]``, the product computed with the weight's rows innermost,
 
         D[fo, n, fi] = S k ; X[k, n] * U[fo, k, fi]        (or X[n, k], as the other operand lies)
 
@@ -228,7 +229,8 @@ class _Transposed:
 
     @property
     def panel(self) -> int:
-        return PANEL if self.f % PANEL == 0 else self.f
+        width = panel_width()
+        return width if self.f % width == 0 else self.f
 
     @property
     def name(self) -> str:

@@ -24,6 +24,7 @@ from codegen.tvm_kernel import (
     host_target,
     lower_to_te,
     panel_layout,
+    panel_width,
     physical_cores,
 )
 from rewriter import conv2d, conv_transpose2d, evaluate, g2bmm, matmul, parse
@@ -464,12 +465,14 @@ def test_a_products_rows_with_no_tile_dividing_them_widen_to_whole_tiles_under_i
 
 def test_a_weight_given_in_panels_along_the_lanes_is_read_from_them():
     """B read as ``B[j, k]``, its first dimension along the lanes: the kernel takes B in panels
-    of 32 rows (``panel_layout``: 40 rows in two, the second zero past its end) and computes
-    what the scope says; a read that may fall before B's start cannot be read from panels."""
+    of ``panel_width()`` rows (``panel_layout``: 40 rows in two or three, the last zero past its
+    end) and computes what the scope says; a read that may fall before B's start cannot be read
+    from panels."""
     shapes = {"A": (5, 8), "B": (40, 8)}
     expr = parse("L i:5, j:40 ; S k:8 ; A[i, k] * B[j, k]", shapes)
     kernel = compile_scope(expr, dtype="float32", schedule=Schedule(panels=(("B", 0),)))
-    assert kernel.views[:2] == ((5, 8), (2, 8, 32))
+    width = panel_width()
+    assert kernel.views[:2] == ((5, 8), (-(-40 // width), 8, width))
     inputs = random_inputs(expr, 3)
     out = aligned_empty((5, 40), "float32")
     kernel.run({"A": aligned_copy(inputs["A"], "float32"), "B": panel_layout(inputs["B"], 0, "float32")}, out)
