@@ -353,7 +353,7 @@ def test_options_set_the_search_budget_and_a_misspelt_one_is_an_error(monkeypatc
         torch_frontend, "optimize_program", lambda *args, **budget: budgets.append(budget) or original(*args, **budget)
     )
     module, x = mlp().eval(), torch.randn(3, 3, 2, 2)
-    options = {"max_depth": 1, "subprogram_time_limit": 2.0}
+    options = {"max_depth": 1, "subprogram_time_limit": 2.0, "orchestration": "greedy"}
     with torch.no_grad():
         close(flat(torch.compile(module, backend=rewriter_backend, options=options)(x)), flat(module(x)))
     assert budgets == [options]

@@ -193,7 +193,9 @@ def test_torch_compile_with_the_rewriter_backend_runs_a_text_model(recwarn):
     register()
     module, ids = built("bert")
     with torch.no_grad():
-        budget = {"max_depth": 1, "subprogram_time_limit": 5}  # as the tests above search
+        # as the tests above search; the BLP's orchestration of this BERT is the ONNX test's (110
+        # s with it here on an AMD Zen 3, about half of it orchestrating: this test is the backend's)
+        budget = {"max_depth": 1, "subprogram_time_limit": 5, "orchestration": "greedy"}
         got = torch.compile(module, backend="rewriter", dynamic=False, options=budget)(ids).numpy()
         close(got, module(ids).numpy())
     assert not [w for w in recwarn if "runs the original graph" in str(w.message)]

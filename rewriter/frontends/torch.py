@@ -885,7 +885,8 @@ def rewriter_backend(gm, example_inputs, options: dict | None = None):
     as a program. A graph it cannot translate (an unsupported operator, dynamic shapes, anything)
     runs as it came, with a warning that says why: compiling must never break a model.
     ``torch.compile(..., options={"max_depth": 1, "subprogram_time_limit": 5})`` sets the search
-    budget (``BACKEND_OPTIONS`` are the defaults)."""
+    budget, ``"orchestration": "greedy"`` the orchestration (``BACKEND_OPTIONS`` are the
+    defaults)."""
     budget = _backend_budget(options)
     try:
         _check_static(gm)
@@ -941,8 +942,9 @@ def _compiled(model: Model, exported, budget: dict) -> Callable:
     return run
 
 
-# How hard the torch.compile backend searches each subprogram of a graph, unless its options say.
-BACKEND_OPTIONS = {"max_depth": 2, "subprogram_time_limit": 10.0}
+# How hard the torch.compile backend searches each subprogram of a graph, and how it orchestrates
+# the kernels ("blp", "greedy" or "none": ``optimize_program``), unless its options say.
+BACKEND_OPTIONS = {"max_depth": 2, "subprogram_time_limit": 10.0, "orchestration": "blp"}
 
 
 def _run_program(optimized, model: Model, inputs: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
