@@ -31,10 +31,10 @@ convolutions, C -> C channels at H x H, padding 1, batch 1, NCHW:
 With 64 output channels the register tile runs along the 4 panels, too few rows. The
 implementations are raced.
 
-A panel is as wide as the register tile's rows (``panel_width``): ``LINE`` channels (a 64-byte
-line of float32) where the tile's rows are that wide, else one vector. With AVX2's 8 lanes, a
-tile one vector wide over 16-channel panels loaded each line of the weight for half of it, and
-the other half again in the next tile. Measured on AMD EPYC (Zen 3), weights warm, ms:
+A panel is as wide as the register tile's rows (``channels_per_panel``): ``LINE`` channels (a
+64-byte line of float32) where the tile's rows are that wide, else one vector. With AVX2's 8
+lanes, a tile one vector wide over 16-channel panels loaded each line of the weight for half of
+it, and the other half again in the next tile. Measured on AMD EPYC (Zen 3), weights warm, ms:
 
     =========== ========== ========= ===========================
     C, H        16 lanes   8 lanes   onnxruntime (NCHW in, out)
@@ -141,7 +141,7 @@ class _Panels:
         # W's axes in the panels' order: the channel, then the summed iterators in scope order
         self.order = [weight_axes.index(channel)] + [weight_axes.index(n) for n in summed]
         self.summed_shape = tuple(sizes[n] for n in summed)
-        self.width = panel_width(lambda width: self._product(scope, x, channel, width), str(dtype))
+        self.width = channels_per_panel(lambda width: self._product(scope, x, channel, width), str(dtype))
         self.panels = math.ceil(self.channels / self.width)
         product = self._product(scope, x, channel, self.width)
         self.product = compile_scope(product, dtype=str(dtype))
@@ -193,7 +193,7 @@ class _Panels:
         self.laid_out(values, out)
 
 
-def panel_width(product: Callable[[int], Scope], dtype: str) -> int:
+def channels_per_panel(product: Callable[[int], Scope], dtype: str) -> int:
     """Channels per panel for the convolution ``product(width)`` over panels that wide: a line
     (``LINE``) where the register tile's rows span it, else one vector of this CPU."""
     lanes = native_lanes(dtype)
