@@ -44,9 +44,11 @@ from .measure import MeasurementDB
 from .program import (
     CompiledProgram,
     Step,
-    _fastest,
+    _fastest_of,
     _fused,
+    _implemented,
     _same_results,
+    compiled_in_batches,
     end_to_end_seconds,
     race_in_place,
     remeasure,
@@ -148,7 +150,11 @@ def orchestrate(
     timed = program._timed()
     graph = Primitives.of([s.kernel for s in timed])
     forms: dict[tuple, Step | None] = {}  # canonical form -> its compiled step (None: refused)
-    alone = [_form(s.kernel, forms, lambda canonical, s=s: s.renamed(_names(s.kernel), program.dtype)) for s in timed]
+    alone = []  # each primitive's form
+    for s in timed:
+        canonical, key = _canonical(s.kernel)
+        forms.setdefault(key, s.renamed(_names(s.kernel), program.dtype))
+        alone.append(key)
     start = time.perf_counter()
     available = set(program.inputs) | set(program.constants) | {s.kernel.output for s in program.steps}
     found = convex_candidates(
@@ -163,13 +169,19 @@ def orchestrate(
     widths = {members: internal_widths(graph, members) for members in found}
     found.sort(key=lambda members: (widest(widths[members]), len(members)))
     candidates = []  # (members, the fused kernel, its form)
+    new_forms = {}  # a form not seen yet -> its canonical kernel, a kernel of that form, its primitives apart
     for members in found:
+        kernel = fused_kernel(graph, members)
+        canonical, key = _canonical(kernel)
+        candidates.append((members, kernel, key))
+        if key not in forms and key not in new_forms:
+            new_forms[key] = (canonical, kernel, [timed[m] for m in members])
+    build = lambda key: _implemented(new_forms[key][0], program.dtype, tune)  # noqa: E731
+    for key, options in compiled_in_batches(list(new_forms), build):
         if time_limit is not None and time.perf_counter() - start > time_limit:
             break
-        kernel = fused_kernel(graph, members)
-        apart = [timed[m] for m in members]
-        make = lambda c, kernel=kernel, apart=apart: _compiled(c, kernel, apart, program.dtype, db, tune)  # noqa: E731
-        candidates.append((members, kernel, _form(kernel, forms, make)))
+        forms[key] = _checked(options, *new_forms[key][1:], program.dtype, db)
+    candidates = [c for c in candidates if c[2] in forms]  # the forms the time limit left out go
     measured = [step for step in forms.values() if step is not None]
     left = 3600.0 if time_limit is None else max(0.0, time_limit - (time.perf_counter() - start))
     each = min(0.1, max(0.005, left / (3 * len(measured) + 1)))  # three turns, within what is left
@@ -234,23 +246,25 @@ def _names(kernel: Kernel) -> dict[str, str]:
     return {t: f"ARG{k}" for k, t in enumerate(tensor_shapes(kernel.expr))} | {kernel.output: "OUT"}
 
 
-def _form(kernel: Kernel, forms: dict, make) -> tuple:
-    """The key of ``kernel``'s form in ``forms``, its step made by ``make(canonical kernel)`` the
-    first time the form is seen."""
+def _canonical(kernel: Kernel) -> tuple[Kernel, tuple]:
+    """``kernel`` over positional names (``_names``), and the key of its form: kernels equal up
+    to tensor names meet under it."""
     canonical = kernel.renamed(_names(kernel))
-    key = (str(canonical.expr), tuple(tensor_shapes(canonical.expr).values()), canonical.kind, canonical.weight_only)
-    if key not in forms:
-        forms[key] = make(canonical)
-    return key
+    return canonical, (
+        str(canonical.expr),
+        tuple(tensor_shapes(canonical.expr).values()),
+        canonical.kind,
+        canonical.weight_only,
+    )
 
 
-def _compiled(canonical: Kernel, kernel: Kernel, apart: list[Step], dtype: str, db, tune: int) -> Step | None:
-    """A candidate kernel compiled (``canonical``: over positional names) and measured, or None
-    where TVM refuses it or its results differ from its primitives' apart (``apart``)."""
-    try:
-        step = _fastest(canonical, dtype, db, tune)
-    except CodegenError:
+def _checked(options: list[Step] | CodegenError, kernel: Kernel, apart: list[Step], dtype: str, db) -> Step | None:
+    """A candidate kernel's fastest compiled implementation (``options``: over positional names),
+    measured, or None where TVM refused it or its results differ from its primitives' apart
+    (``apart``; ``kernel``: the candidate over the program's names)."""
+    if isinstance(options, CodegenError):
         return None
+    step = _fastest_of(options, dtype, db)
     back = {v: k for k, v in _names(kernel).items()}
     if not _same_results(step.renamed(back, dtype), apart, dtype):
         return None

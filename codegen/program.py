@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -69,6 +71,9 @@ BACKEND = "cpu"  # the key of this code generator's implementations in an operat
 # an eOperator is compiled from its scope (its weights in panels), or one with a product inside
 # it computes the product in a layout of its own and its epilogue where it lays the product out
 EOP_IMPLEMENTATIONS = ("tvm", "packed", "transposed", "panels")
+# kernels compiled at once (``compiled_in_batches``): one per CPU this process may run on
+COMPILE_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+T, R = TypeVar("T"), TypeVar("R")
 
 
 def _blas_call(kernel: Kernel, dtype: str):
@@ -723,7 +728,11 @@ def compile_candidate(
     kernel measures faster (``_fused``).
     """
     kernels = candidate.unfused or candidate.kernels
-    steps = [_fastest(kernel, dtype, db, tune) for kernel in kernels]
+    steps = []
+    for _, options in compiled_in_batches(kernels, lambda kernel: _implemented(kernel, dtype, tune)):
+        if isinstance(options, CodegenError):
+            raise options
+        steps.append(_fastest_of(options, dtype, db))
     if candidate.unfused:
         steps = _fused(steps, dtype, db, tune)
     return CompiledProgram(steps, dict(inputs), dtype, source=candidate.source)
@@ -741,6 +750,12 @@ def implementations(kernel: Kernel) -> tuple[str, ...]:
 
 def _fastest(kernel: Kernel, dtype: str, db: MeasurementDB | None, tune: int) -> Step:
     """The kernel's fastest implementation by measurement (one alone is not measured)."""
+    return _fastest_of(_implemented(kernel, dtype, tune), dtype, db)
+
+
+def _implemented(kernel: Kernel, dtype: str, tune: int) -> list[Step]:
+    """The kernel's implementations that apply, compiled (with ``tune``, up to ``tune`` TVM
+    schedules); a CodegenError where none does."""
     options, refused = [], []
     for impl in implementations(kernel):
         if impl != "tvm":
@@ -762,10 +777,40 @@ def _fastest(kernel: Kernel, dtype: str, db: MeasurementDB | None, tune: int) ->
             if refused
             else CodegenError(f"no implementation of {implementations(kernel)} applies to {kernel}")
         )
-    if len(options) > 1 and not kernel.weight_only:
+    return options
+
+
+def _fastest_of(options: list[Step], dtype: str, db: MeasurementDB | None) -> Step:
+    """The fastest of one kernel's compiled implementations (one alone is not measured)."""
+    if len(options) > 1 and not options[0].kernel.weight_only:
         CompiledProgram(options, {}, dtype).measure(db)
-        options.sort(key=lambda s: s.seconds)
+        options = sorted(options, key=lambda s: s.seconds)
     return options[0]
+
+
+def compiled_in_batches(items: Sequence[T], build: Callable[[T], R]) -> Iterator[tuple[T, R | CodegenError]]:
+    """``(item, build(item))`` for each item in order (the CodegenError in place of a result
+    where building raised one), built ``COMPILE_THREADS`` at a time on threads, for a caller
+    that compiles kernels and then times them. TVM's and LLVM's compilers release the GIL, and
+    a small kernel's compilation is mostly their fixed cost (0.2-0.5 s), so two cores build two
+    at once. A batch is handed out only once all of it is built: whatever the caller times
+    runs with nothing compiling beside it. A caller that stops early leaves the next batches
+    unbuilt."""
+    for start in range(0, len(items), COMPILE_THREADS):
+        batch = items[start : start + COMPILE_THREADS]
+        if len(batch) == 1:
+            built = [_built(build, batch[0])]
+        else:
+            with ThreadPoolExecutor(len(batch)) as pool:
+                built = list(pool.map(lambda item: _built(build, item), batch))
+        yield from zip(batch, built)
+
+
+def _built(build: Callable[[T], R], item: T) -> R | CodegenError:
+    try:
+        return build(item)
+    except CodegenError as err:
+        return err
 
 
 def _fused(
@@ -785,13 +830,20 @@ def _fused(
     the two apart (on random inputs) is refused; ``log`` receives each fusion made."""
     steps, refused = list(steps), set()
     while True:
-        for producer, consumer in fusion_pairs([s.kernel for s in steps]):
+        outputs = [s.kernel.output for s in steps]
+        pairs = [
+            (producer, consumer)
+            for producer, consumer in fusion_pairs([s.kernel for s in steps])
+            if (outputs[producer], outputs[consumer]) not in refused and producers(outputs[producer])
+        ]
+        build = lambda pair: _implemented(fuse(steps[pair[0]].kernel, steps[pair[1]].kernel), dtype, tune)  # noqa: E731
+        for (producer, consumer), options in compiled_in_batches(pairs, build):
+            if isinstance(options, CodegenError):
+                raise options
             apart = [steps[producer], steps[consumer]]
-            pair = tuple(s.kernel.output for s in apart)
-            if pair in refused or not producers(pair[0]):
-                continue
-            kernel = fuse(*(s.kernel for s in apart))
-            fused = _fastest(kernel, dtype, db, tune)
+            pair = (outputs[producer], outputs[consumer])
+            kernel = options[0].kernel
+            fused = _fastest_of(options, dtype, db)
             timed = [s for s in apart if not s.kernel.weight_only]
             if not kernel.weight_only:
                 CompiledProgram([fused, *timed], {}, dtype).measure(db)

@@ -213,6 +213,33 @@ def test_tuning_races_schedules_and_keeps_a_correct_one():
     _close(program(**inputs), evaluate(expr, inputs))
 
 
+def test_kernels_compile_a_batch_at_a_time_in_order_and_only_as_far_as_they_are_taken(monkeypatch):
+    """``compiled_in_batches``: results in the items' order, a CodegenError in place of the
+    result it stopped, a batch's builds running at once (a barrier that every build of a batch
+    must reach: built one after another, the first would wait for the second in vain), and the
+    batch after the last item taken never built."""
+    import threading
+
+    from codegen import program as program_module
+    from codegen.tvm_kernel import CodegenError
+
+    monkeypatch.setattr(program_module, "COMPILE_THREADS", 2)
+    barrier, built = threading.Barrier(2, timeout=10), []
+
+    def build(item):
+        built.append(item)
+        barrier.wait()  # BrokenBarrierError (a test failure) unless the other build of the batch runs beside it
+        if item == 3:
+            raise CodegenError("three refused")
+        return item * 10
+
+    results = program_module.compiled_in_batches([1, 2, 3, 4, 5, 6], build)
+    taken = [next(results) for _ in range(3)]
+    assert [item for item, _ in taken] == [1, 2, 3] and [r for _, r in taken[:2]] == [10, 20]
+    assert isinstance(taken[2][1], CodegenError) and "three refused" in str(taken[2][1])
+    assert sorted(built) == [1, 2, 3, 4]  # 5 and 6: a batch nobody asked for
+
+
 @pytest.mark.parametrize("fused_seconds, kernels", [(1e-9, 1), (1.0, 2)])
 def test_eoperator_fusion_is_kept_only_where_it_measures_faster(tmp_path, fused_seconds, kernels):
     """The fused kernel's stored timing decides: far faster than the two apart, they fuse; far
