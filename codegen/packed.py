@@ -45,7 +45,7 @@ import math
 import numpy as np
 
 from rewriter.index import index_bounds, row_major
-from rewriter.ir import Scope, Tensor, Var, accesses, index_vars, nested_scopes, parse, tensor_shapes
+from rewriter.ir import Scope, Tensor, Var, accesses, distinct_scopes, index_vars, parse, tensor_shapes
 from rewriter.lower import GemmMatch, Kernel, Operand, inner_product, operand_view
 
 from .epilogue import LaidOut
@@ -73,7 +73,7 @@ def _lanes_dimension(expr: Scope, name: str) -> int | None:
     iterator (the vector lanes) of a scope that sums, within its bounds; None where some read
     does not (a view of it, a read along another loop, one that may fall outside)."""
     found = set()
-    for scope in (expr, *nested_scopes(expr)):
+    for scope in distinct_scopes(expr):
         for access in accesses(scope.body):
             if not (isinstance(access.source, Tensor) and access.source.name == name):
                 continue

@@ -381,6 +381,20 @@ def nested_scopes(expr: Scope) -> PyIterator[Scope]:
             yield access.source
 
 
+def distinct_scopes(expr: Scope) -> list[Scope]:
+    """``expr`` and every scope nested in it, each once (outermost first): a scope read twice,
+    as a softmax's exponentials are by its sum and by its quotient, is entered once, where
+    ``nested_scopes`` walks it at every read (a fused kernel of a few primitives nests hundreds
+    of such reads)."""
+    seen, order = {expr}, [expr]
+    for scope in order:  # grows as it goes
+        for access in accesses(scope.body):
+            if isinstance(access.source, Scope) and access.source not in seen:
+                seen.add(access.source)
+                order.append(access.source)
+    return order
+
+
 # --------------------------------------------------------------------------------------------
 # Opaque operations
 
