@@ -39,6 +39,8 @@ DEFAULT_REPEATS = 5
 #: One sample lasts at least this long: about 10^6 times perf_counter's resolution on Linux and
 #: 10^4 times on Windows, and long enough that loop and timer-call overhead vanish.
 SAMPLE_SECONDS = 1e-3
+#: One turn of ``time_in_turns`` samples at least this long.
+TURN_SECONDS = 0.02
 #: How long a writer waits for another process's lock before sqlite gives up.
 BUSY_TIMEOUT_SECONDS = 60.0
 
@@ -208,7 +210,11 @@ def time_in_turns(fns: dict[K, Callable[[], object]], rounds: int = 3, **timing_
     """Time several callables in turns (A B C, A B C, ...): each one's median over ``rounds``
     ``time_callable`` runs. Timings taken minutes apart are not comparable on a shared machine
     (another process or a throttled core can slow a whole measurement twofold for seconds);
-    taken in turns, a slow spell slows every contender alike."""
+    taken in turns, a slow spell slows every contender alike. Each turn samples for
+    ``TURN_SECONDS`` at least (unless ``min_seconds`` says otherwise): three turns then sample
+    longer than one ``time_callable`` does, and the search's races (every form of an
+    orchestration, three turns each) take a third of the time they took at 50 ms a turn."""
+    timing_kwargs.setdefault("min_seconds", TURN_SECONDS)
     runs: dict[K, list[Timing]] = {key: [] for key in fns}
     for _ in range(rounds):
         for key, fn in fns.items():

@@ -260,16 +260,14 @@ def _canonical(kernel: Kernel) -> tuple[Kernel, tuple]:
 
 def _checked(options: list[Step] | CodegenError, kernel: Kernel, apart: list[Step], dtype: str, db) -> Step | None:
     """A candidate kernel's fastest compiled implementation (``options``: over positional names),
-    measured, or None where TVM refused it or its results differ from its primitives' apart
-    (``apart``; ``kernel``: the candidate over the program's names)."""
+    or None where TVM refused it or its results differ from its primitives' apart (``apart``;
+    ``kernel``: the candidate over the program's names). It is timed with every other form,
+    in turns, once all are checked."""
     if isinstance(options, CodegenError):
         return None
     step = _fastest_of(options, dtype, db)
     back = {v: k for k, v in _names(kernel).items()}
-    if not _same_results(step.renamed(back, dtype), apart, dtype):
-        return None
-    CompiledProgram([step], {}, dtype).measure(db)
-    return step
+    return step if _same_results(step.renamed(back, dtype), apart, dtype) else None
 
 
 def fuse_boundaries(

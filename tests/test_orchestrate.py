@@ -13,7 +13,7 @@ from scipy.optimize import Bounds, milp
 import codegen.orchestrate as orchestrate_module
 from codegen.measure import MeasurementDB
 from codegen.orchestrate import orchestrate
-from codegen.program import CompiledProgram, _step, end_to_end_seconds
+from codegen.program import CompiledProgram, _step, end_to_end_seconds, remeasure
 from codegen.tvm_kernel import lower_to_te
 from rewriter import evaluate, parse, parse_program
 from rewriter.ir import ExpressionError, nested_scopes, tensor_shapes
@@ -154,6 +154,22 @@ def test_the_plan_is_the_cheapest_feasible_choice(reads, data):
     assert plan.seconds == pytest.approx(best)
 
 
+def _primitives_alone_take(seconds: float, timed: list | None = None):
+    """A stand-in for the orchestration's timing in turns: every form timed as it is, then the
+    primitives' own kernels (no nested scope) set to take ``seconds``; ``timed`` receives the
+    output of each kernel timed."""
+
+    def in_turns(programs, db, **timing):
+        remeasure(programs, db, **timing)
+        for step in programs[0].steps:
+            if timed is not None:
+                timed.append(step.kernel.output)
+            if not list(nested_scopes(step.kernel.expr)):
+                step.seconds = seconds
+
+    return in_turns
+
+
 def _program(db) -> CompiledProgram:
     """A = exp(X); B = 2 A; C = A + 1 (B and C the outputs), each its own TVM kernel."""
     n = (16, 16)
@@ -176,14 +192,7 @@ def test_orchestrated_program_recomputes_where_it_measures_faster(tmp_path, monk
     db = MeasurementDB(tmp_path / "m.sqlite")
     program = _program(db)
     timed_again = []
-
-    def in_turns(programs, db, **timing):  # the primitives alone take alone_s; fused kernels as measured
-        for step in programs[0].steps:
-            timed_again.append(step.kernel.output)
-            if not list(nested_scopes(step.kernel.expr)):
-                step.seconds = alone_s
-
-    monkeypatch.setattr(orchestrate_module, "remeasure", in_turns)
+    monkeypatch.setattr(orchestrate_module, "remeasure", _primitives_alone_take(alone_s, timed_again))
     orchestrated, plan = orchestrate(program, {"B", "C"}, db)
     assert timed_again == ["OUT"] * 5  # every form once, over positional names: 3 alone, 2 fused
     assert len(orchestrated.steps) == kernels
@@ -225,13 +234,7 @@ def test_a_product_and_its_epilogue_share_a_generated_kernel(tmp_path, monkeypat
     ]
     program = CompiledProgram(steps, {"X": (32, 64), "W": (64, 48), "B": (48,)})
     program.measure(db)
-
-    def in_turns(programs, db, **timing):  # the two apart are slow; the fused kernel as measured
-        for step in programs[0].steps:
-            if not list(nested_scopes(step.kernel.expr)):
-                step.seconds = 1.0
-
-    monkeypatch.setattr(orchestrate_module, "remeasure", in_turns)
+    monkeypatch.setattr(orchestrate_module, "remeasure", _primitives_alone_take(1.0))
     orchestrated, plan = orchestrate(program, {"Z"}, db)
     assert kind == "matmul" and [k.primitives for k in plan.shared] == [("Y", "Z")]
     assert [s.kernel.kind for s in orchestrated.steps] == ["eop"]
@@ -274,13 +277,7 @@ def test_the_plan_kept_is_the_one_whose_whole_run_is_faster(tmp_path, monkeypatc
     in turns."""
     db = MeasurementDB(tmp_path / "m.sqlite")
     program = _program(db)
-
-    def in_turns(programs, db, **timing):  # the primitives alone are slow: the BLP fuses
-        for step in programs[0].steps:
-            if not list(nested_scopes(step.kernel.expr)):
-                step.seconds = 1.0
-
-    monkeypatch.setattr(orchestrate_module, "remeasure", in_turns)
+    monkeypatch.setattr(orchestrate_module, "remeasure", _primitives_alone_take(1.0))  # the BLP fuses
     blp = orchestrate(program, {"B", "C"}, db)
     greedy = (program, orchestrate_module.Orchestration("greedy", figures={"fusions": 0}))
     for faster in ("blp", "greedy"):
