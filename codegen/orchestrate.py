@@ -152,7 +152,7 @@ def orchestrate(
     forms: dict[tuple, Step | None] = {}  # canonical form -> its compiled step (None: refused)
     alone = []  # each primitive's form
     for s in timed:
-        canonical, key = _canonical(s.kernel)
+        _, key = _canonical(s.kernel)
         forms.setdefault(key, s.renamed(_names(s.kernel), program.dtype))
         alone.append(key)
     start = time.perf_counter()

@@ -748,11 +748,6 @@ def implementations(kernel: Kernel) -> tuple[str, ...]:
     return tuple(listed) if listed else EOP_IMPLEMENTATIONS
 
 
-def _fastest(kernel: Kernel, dtype: str, db: MeasurementDB | None, tune: int) -> Step:
-    """The kernel's fastest implementation by measurement (one alone is not measured)."""
-    return _fastest_of(_implemented(kernel, dtype, tune), dtype, db)
-
-
 def _implemented(kernel: Kernel, dtype: str, tune: int) -> list[Step]:
     """The kernel's implementations that apply, compiled (with ``tune``, up to ``tune`` TVM
     schedules); a CodegenError where none does."""
