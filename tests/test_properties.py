@@ -34,6 +34,7 @@ from rewriter.ir import (
     Tensor,
     Unary,
     Var,
+    distinct_scopes,
     eval_index,
     nested_scopes,
     tensor_shapes,
@@ -232,6 +233,17 @@ def all_iterator_names(scope: Scope) -> set[str]:
     for inner in nested_scopes(scope):
         names |= {it.name for it in inner.iterators}
     return names
+
+
+def test_a_scope_read_twice_is_one_of_the_distinct_scopes():
+    """``distinct_scopes``: the expression, then each nested scope once, where ``nested_scopes``
+    yields a scope at every read (here the exponentials, read by the sum and by the quotient)."""
+    exps = "{ L a:4, b:8 ; exp(X[a, b]) }"
+    expr = parse(f"L i:4, j:8 ; {exps}[i, j] / {{ L a:4 ; S b:8 ; {exps}[a, b] }}[i]", {"X": (4, 8)})
+    nested = list(nested_scopes(expr))
+    assert len(nested) == 3 and nested[0] == nested[1]  # the exponentials twice
+    distinct = distinct_scopes(expr)
+    assert distinct[0] is expr and len(distinct) == 3 and set(distinct[1:]) == set(nested)
 
 
 @contextlib.contextmanager
