@@ -289,7 +289,6 @@ class _Stage:
     work: int = 1  # arithmetic per point, in multiply-adds (``_Building.work``)
     # iterators choosing the plane of a copy the stage reads plane by plane (``_Building.planes``)
     planes: frozenset[str] = frozenset()
-    awake: bool = False  # another stage of the kernel runs parallel: the pool's threads are awake
     before: int = 0  # a padded copy's zeros before each row (along its last dimension)
 
     @property
@@ -955,23 +954,25 @@ _PARALLEL_ITERATIONS = 128  # enough chunks to balance threads; more only adds i
 # 96 channels 112x112 0.280 to 0.149 ms, 32 channels 0.108 to 0.049, 96 channels of stride 2 to
 # 56x56 0.158 to 0.114).
 _PLANE_ITERATIONS = 32
-# Multiply-adds below which a stage runs on one thread: waking the pool's sleeping threads costs
-# tens of microseconds (measured: MobileNetV2's 104 kernels took 22 ms on 2 threads, 14 on 1,
-# with 1 << 21 here). Halved since: ResNet-50's max pool (1.8M comparisons) took 0.54 ms on one
-# thread, 0.29-0.37 on two.
-_PARALLEL_WORK = 1 << 20
-# The same where some stage of the kernel has that much work: the threads are awake for it, and
-# another stage costs only its fork and join. Measured here, interleaved in one process: ViT's
-# softmax over 12x197x197, 0.25 ms with no stage parallel (its exponentials, computed inside
-# another stage's loop, lost theirs), 0.16 with its maximum, sum and division parallel
-# (onnxruntime 0.11); a layer norm over 197x768 and MobileNetV2's stride-2 depthwise
-# convolution unchanged.
-_AWAKE_WORK = 1 << 16
+# Multiply-adds below which a stage runs on one thread (a copy's points count one each). Waking
+# the pool's sleeping threads cost tens of microseconds when they slept at once (MobileNetV2's
+# 104 kernels took 22 ms on 2 threads, 14 on 1, with 1 << 21 here). Since the worker yields its
+# core for half a millisecond after each kernel (``rewriter._threads``), a program's kernels
+# find it awake, and two threads pay from far less work. Measured on AMD EPYC (Zen 4, family 25
+# model 17), kernels alone, one thread against two: MobileNetV2's stride-2 depthwise
+# convolutions 144 -> 28x28 (1.0M multiply-adds) 0.171 against 0.098 ms, 576 -> 7x7 (0.25M)
+# 0.042 against 0.034, a depthwise 3x3 over 384x14x14 (0.68M) 0.047 against 0.040; ViT's
+# softmax over 12x197x197 (earlier), 0.25 ms with no stage parallel, 0.16 with its maximum, sum
+# and division parallel (onnxruntime 0.11). Whole programs, each pair interleaved in one process
+# (Zen 4): MobileNetV2 5.49-5.75 ms with 1 << 20 here, 5.29-5.43 with 1 << 16 (onnxruntime
+# 4.49-4.63); ResNet-50 42.1-42.7 and 41.0-41.8 (38.6-38.9); BERT-base unchanged.
+_PARALLEL_WORK = 1 << 16
 # A function's arithmetic in multiply-adds beyond the one a point counts anyway (the polynomials
 # below; log is libm's): a stage of exponentials is worth two threads long before a stage of
 # additions of as many elements is. Measured here: GELU over 197x3072 (ViT's), 0.40 ms on one
 # thread, 0.24 on two; softmax's 2364x197 exponentials, 0.13 and 0.08; the bias added alone,
-# 0.079 and 0.084.
+# 0.079 and 0.084 (on the Zen 4, its data in cache, 0.103 and 0.056: a stream of as many points
+# is over the bound above there too).
 _FUNCTION_WORK = {"exp": 16, "tanh": 20, "sigmoid": 22, "erf": 24, "log": 20}
 # A summation-free stage whose lanes gather (a transposition) counts each point this many times:
 # its reads hop from line to line, and two threads halve the time sooner than for a stream.
@@ -989,7 +990,7 @@ def _parallel(sch: tvm.s_tir.Schedule, loops: list, params: Schedule, stage: _St
         extents = [int(sch.get(loop).extent) for loop in loops]
         wanted = _PLANE_ITERATIONS if stage.planes else _PARALLEL_ITERATIONS
         count = next((k for k in range(1, len(loops)) if math.prod(extents[:k]) >= wanted), len(loops))
-        count = count if stage.total_work >= (_AWAKE_WORK if stage.awake else _PARALLEL_WORK) else 0
+        count = count if stage.total_work >= _PARALLEL_WORK else 0
     else:
         count = min(params.parallel, len(loops))
     if count:
@@ -1189,10 +1190,9 @@ def _scheduled(lowering: _Lowering, params: Schedule | None, target) -> tvm.IRMo
         # as the lowering sized the boxes it widened to whole tiles (``_widened``)
         native = lowering.lanes if lowering.lanes > 1 else _native_lanes(target, lowering.dtype)
         used = _used_ops(lowering.output)
-        awake = any(s.total_work >= _PARALLEL_WORK for s in lowering.stages if s.tensor.op in used and s.shape)
         for stage in lowering.stages:
             if stage.tensor.op in used:
-                _schedule_stage(sch, replace(stage, awake=awake), params, native)
+                _schedule_stage(sch, stage, params, native)
         readers = Counter(t.op for op in used for t in op.input_tensors)
         for stage in lowering.stages:
             if stage.tensor.op in used:
