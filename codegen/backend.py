@@ -34,6 +34,7 @@ from .cuda import CudaBackend
 from .measure import MeasurementDB, device_id
 from .orchestrate import Orchestration, agreeing, faster_end_to_end, fuse_boundaries, orchestrate, race_shared_in_place
 from .program import CompiledProgram, compile_candidate, remeasure, stitch
+from .tvm_kernel import vector_lanes
 
 
 class Backend(Protocol):
@@ -65,6 +66,11 @@ class CpuBackend:
     @property
     def tolerance(self) -> float:
         return 1e-6 if np.dtype(self.dtype) == np.float64 else 1e-3
+
+    @property
+    def lanes(self) -> int:
+        """Lanes of this CPU's widest vector of ``dtype``: the block a blocked layout stores."""
+        return vector_lanes(self.dtype)
 
     def device(self) -> str:
         return device_id()

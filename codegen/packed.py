@@ -44,7 +44,7 @@ import math
 
 import numpy as np
 
-from rewriter.index import index_bounds, row_major
+from rewriter.index import affine_coefficients, index_bounds, row_major
 from rewriter.ir import Scope, Tensor, Var, accesses, distinct_scopes, index_vars, parse, tensor_shapes
 from rewriter.lower import GemmMatch, Kernel, Operand, inner_product, operand_view
 
@@ -79,9 +79,9 @@ def _lanes_dimension(expr: Scope, name: str) -> int | None:
                 continue
             if not scope.summation or not scope.traversal or access.source.rank < 2:
                 return None
-            lanes = scope.traversal[-1].name
-            dims = [d for d, ix in enumerate(access.indices) if ix == Var(lanes)]
-            if len(dims) != 1 or sum(lanes in index_vars(ix) for ix in access.indices) != 1:
+            lanes = scope.traversal[-1]
+            dims = [d for d, ix in enumerate(access.indices) if _runs_along(ix, lanes)]
+            if len(dims) != 1 or sum(lanes.name in index_vars(ix) for ix in access.indices) != 1:
                 return None
             for ix, size in zip(access.indices, access.source.shape):
                 lo, hi = index_bounds(ix, scope.box)
@@ -89,6 +89,19 @@ def _lanes_dimension(expr: Scope, name: str) -> int | None:
                     return None
             found.add(dims[0])
     return found.pop() if len(found) == 1 else None
+
+
+def _runs_along(ix, lanes) -> bool:
+    """Whether index ``ix`` steps by one along iterator ``lanes`` and its vector stays in one
+    panel: ``j``, or ``j + 16*jo`` (a weight's rows read by a blocked layout's channels) where
+    the lanes' extent divides every other step and the panel's width."""
+    if ix == Var(lanes.name):
+        return True
+    form = affine_coefficients(ix)
+    if form is None or form[0].get(lanes.name) != 1:
+        return False
+    steps = [c for name, c in form[0].items() if name != lanes.name] + [form[1], panel_width()]
+    return lanes.lo == 0 and all(step % lanes.size == 0 for step in steps)
 
 
 class _Packed:

@@ -182,6 +182,11 @@ class Schedule:
 DEFAULT_SCHEDULE = Schedule()
 
 
+def vector_lanes(dtype: str = "float32") -> int:
+    """Lanes of ``dtype`` in this CPU's widest vector register (16 float32 on AVX-512, 8 on AVX2)."""
+    return _native_lanes(host_target(), dtype)
+
+
 @lru_cache(maxsize=None)
 def panel_width() -> int:
     """A panel's width: a register tile's row, two vectors of float32 on this CPU (32 columns on
@@ -562,7 +567,12 @@ class _Lowering:
         if isinstance(source, Tensor) and source.name in self.panels:
             if padding or split > 1 or guards:
                 raise CodegenError(f"{source.name} in panels is read outside its bounds in {self.building[-1].scope}")
-            position, buffer_shape = self.in_panels(position, self.panels[source.name]), shape  # seen as it lies
+            dim = self.panels[source.name]
+            position = self.in_panels(position, dim)
+            # seen as it lies with its panels' dimension innermost: contiguous along the lanes
+            # there, whichever dimension that is (a weight's rows read as W[16*fo + fi, ..])
+            recorded = (*recorded[:dim], *recorded[dim + 1 :], recorded[dim])
+            buffer_shape = (*shape[:dim], *shape[dim + 1 :], shape[dim])
         load = buffer[position]
         self.building[-1].reads.append((recorded, buffer_shape))
         self.fits_int32 = self.fits_int32 and _fits_int32(indices, lows, buffer_shape, box)
@@ -626,11 +636,16 @@ class _Lowering:
 
     def _along_lanes(self, outside, indices, shape) -> bool:
         """Whether a bounds check would vary along vector lanes: the innermost traversal loop, or
-        a summation loop the read runs along. Only then does a padded copy pay for itself; a
-        check that is the same for all lanes is hoisted out of the vector loop."""
+        a summation loop the read runs along; or whether it would be made at every step of a
+        sum for each row of a register tile: a read the same for every lane (a broadcast, as
+        an NCHWc convolution reads its input), outside its bounds along a summation loop. Only
+        then does a padded copy pay for itself; a check that is the same for all lanes and
+        steps is hoisted out of the vector loop."""
         scope = self.building[-1].scope
         lanes = {it.name for it in scope.traversal[-1:]}
         lanes |= {it.name for it in scope.summation if _stride(it.name, indices, shape) == 1}
+        if lanes and not any(index_vars(ix) & {it.name for it in scope.traversal[-1:]} for ix in indices):
+            lanes |= {it.name for it in scope.summation}  # a broadcast read inside the sum
         lanes -= _divided(scope)  # the scheduler keeps lanes off these: no check varies along lanes
         return any(index_vars(ix) & lanes for ix in outside)
 

@@ -8,9 +8,16 @@ import numpy as np
 import pytest
 
 from rewriter import evaluate, parse_program
-from rewriter.ir import tensor_shapes
+from rewriter.ir import distinct_scopes, tensor_shapes
 from rewriter.lower import match_operator
-from rewriter.pipeline import fold_weights, fuse_elementwise, load_optimized, merge_parallel, optimize_program
+from rewriter.pipeline import (
+    blocked_layouts,
+    fold_weights,
+    fuse_elementwise,
+    load_optimized,
+    merge_parallel,
+    optimize_program,
+)
 
 
 def test_activations_fuse_and_equal_subprograms_are_searched_once_with_their_own_weights(tmp_path, monkeypatch):
@@ -235,3 +242,48 @@ def test_parallel_definitions_merge_into_a_batched_one_where_it_costs_less():
     np.testing.assert_allclose(evaluate(batched, feeds), evaluate(program, feeds), rtol=1e-9, atol=1e-9)
     flops = lambda expr: float(np.prod(expr.shape))  # noqa: E731  (a batched one costs the three together)
     assert merge_parallel(program, cost=flops) == program
+
+
+def test_nchw_tensors_are_stored_in_blocks_of_the_vector_then_of_half_where_it_does_not_divide():
+    program = parse_program(
+        "A = L n:1, c:32, h:4, w:4 ; relu(X[n, c, h, w])\n"
+        "B = L n:1, g:24, h:4, w:4 ; S c:32 ; A[n, c, h, w] * V[g, c]\n"
+        "C = L n:1, g:24, h:4, w:4 ; relu(B[n, g, h, w])\n"
+        "return C",
+        {"X": (1, 32, 4, 4), "V": (24, 32)},
+    )
+    blocked = blocked_layouts(program, lanes=16)
+    assert [(n, e.shape) for n, e in blocked.definitions] == [
+        ("A_16c", (1, 2, 4, 4, 16)),
+        ("B_8c", (1, 3, 4, 4, 8)),
+        ("C", (1, 24, 4, 4)),
+    ]
+    assert blocked_layouts(program, lanes=0) == program  # no vector to fill: as written
+    rng = np.random.default_rng(0)
+    x, v = rng.standard_normal((1, 32, 4, 4)), rng.standard_normal((24, 32))
+    np.testing.assert_allclose(evaluate(blocked, {"X": x, "V": v}), evaluate(program, {"X": x, "V": v}))
+
+
+def test_a_program_optimized_in_blocked_layouts_computes_what_it_did_and_auto_keeps_the_faster(tmp_path, monkeypatch):
+    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "cache"))
+    shapes = {"X": (1, 8, 6, 6), "W": (16, 8, 3, 3), "V": (16, 16)}
+    program = parse_program(
+        "A = L n:1, f:16, h:6, w:6 ; relu({ L n:1, f:16, h:6, w:6 ; S c:8, r:3, s:3 ; "
+        "X[n, c, h+r-1, w+s-1] * W[f, c, r, s] }[n, f, h, w])\n"
+        "B = L n:1, g:16, h:6, w:6 ; S c:16 ; A[n, c, h, w] * V[g, c]\n"
+        "return B",
+        shapes,
+    )
+    rng = np.random.default_rng(0)
+    weights = {"W": rng.standard_normal((16, 8, 3, 3)), "V": rng.standard_normal((16, 16))}
+    x = rng.standard_normal((1, 8, 6, 6))
+    want = evaluate(program, {"X": x, **weights})
+    blocked = optimize_program(program, weights, max_depth=1, layout="blocked")
+    shapes = [s.shape for k in blocked.program.kernels for s in distinct_scopes(k.expr)]
+    assert any(len(shape) == 5 and shape[-1] in (8, 16) for shape in shapes)  # A's channels in blocks, alone or fused
+    np.testing.assert_allclose(blocked(X=x), want, rtol=1e-4, atol=1e-4)
+    auto = optimize_program(program, weights, max_depth=1)
+    assert auto.orchestration.figures["layout"] in ("blocked", "as written")
+    assert set(auto.orchestration.figures["layouts_ms"]) == {"blocked", "as written"}
+    assert f"kept {auto.orchestration.figures['layout']}" in auto.orchestration.describe()
+    np.testing.assert_allclose(auto(X=x), want, rtol=1e-4, atol=1e-4)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from rewriter import ExpressionError, Iterator, Scope, Var, parse
+from rewriter import ExpressionError, Iterator, Scope, Var, parse, parse_program
 from rewriter.search import RuleError, fingerprint, pattern, registered, rule, substitute_traversal
 from rewriter.testing import assert_sound
 from rewriter.testing.strategies import applicable, rewritten
@@ -38,6 +38,28 @@ def unfolds(draw):
 
     traversal = ", ".join(f"x{k}:{size}" for k, size in enumerate(sizes))
     return parse(f"L {traversal} ; {' + '.join(term(j) for j in order)}", {"P": shape})
+
+
+@st.composite
+def nchw_chains(draw):
+    """Programs of NCHW tensors as a convolutional network's: a padded convolution with a bias
+    and a ReLU around it, a 1x1 convolution reading it, a depthwise convolution of stride 1 or
+    2 reading that through a nested padded copy, and a ReLU of it as the output; even channel
+    counts, so every block of 2 divides them."""
+    c, f, g = draw(st.integers(1, 3)), 2 * draw(st.integers(1, 3)), 2 * draw(st.integers(1, 3))
+    h, k, stride = draw(st.integers(3, 6)), draw(st.sampled_from((1, 3))), draw(st.integers(1, 2))
+    o = (h - 1) // stride + 1
+    text = (
+        f"A = L n:1, f:{f}, h:{h}, w:{h} ; relu({{ L n:1, f:{f}, h:{h}, w:{h} ; S c:{c}, r:{k}, s:{k} ; "
+        f"X[n, c, h+r-{k // 2}, w+s-{k // 2}] * W[f, c, r, s] }}[n, f, h, w] + B[f])\n"
+        f"P = L n:1, g:{g}, h:{h}, w:{h} ; S c:{f} ; A[n, c, h, w] * V[g, c]\n"
+        f"D = L n:1, g:{g}, h:{o}, w:{o} ; S r:3, s:3 ; "
+        f"{{ L n:1, g:{g}, y:{h + 2}, x:{h + 2} ; P[n, g, y-1, x-1] }}[n, g, {stride}*h+r, {stride}*w+s] * K[g, r, s]\n"
+        f"R = L n:1, g:{g}, h:{o}, w:{o} ; relu(D[n, g, h, w])\n"
+        "return R"
+    )
+    shapes = {"X": (1, c, h, h), "W": (f, c, k, k), "B": (f,), "V": (g, f), "K": (g, 3, 3)}
+    return parse_program(text, shapes)
 
 
 # Each rule's soundness test: the expressions it draws, and the least share of the profile's
@@ -108,6 +130,7 @@ FIRING = {
     # (0.07 at the default twin probability), not after other rules' steps; twins whose input is
     # read in a nested scope do not merge (test_batch_merging_declines_inputs_read_in_nested_scopes)
     "expression fusion": (applicable(RULES["expression fusion"], max_steps=0), 0.9),
+    "channel blocking": (nchw_chains(), 0.9),  # 1.0 by construction
     "expression merging (batch)": (
         applicable(RULES["expression merging (batch)"], twin_probability=0.5, max_steps=0),
         0.9,
@@ -155,7 +178,7 @@ def test_rule_is_sound_on_generated_expressions(name):
 
 def test_every_rule_cites_its_section_and_kind():
     for rule_ in RULES.values():
-        assert rule_.section and rule_.kind in ("explorative", "eager", "guided", "inter")
+        assert rule_.section and rule_.kind in ("explorative", "eager", "guided", "inter", "layout")
         assert len(rule_.doc.split()) > 10, rule_.name
 
 
@@ -336,8 +359,6 @@ def test_rules_keep_values_on_a_padding_heavy_case():
 # ---------------------------------------------------------------------------------------------
 # Inter-expression rules (OLLIE 4.1) on programs
 
-from rewriter import parse_program  # noqa: E402
-
 
 def test_batch_merging_declines_inputs_read_in_nested_scopes():
     """Found by the twin programs of ``programs()``: where the differing input is read inside a
@@ -459,3 +480,26 @@ def test_the_harness_imports_without_hypothesis_and_the_strategies_say_what_they
     done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "pip install 'rewriter[testing]'" in done.stdout
+
+
+def test_channel_blocking_stores_a_chain_in_blocks_and_splits_the_sums_that_read_it():
+    """The 1x1 convolution's sum over A's channels reads whole blocks (``S co, ci``); the padded
+    copy nested in the depthwise convolution is stored in blocks with it; the output keeps its
+    layout and reads the last tensor through ``/`` and ``%``."""
+    program = parse_program(
+        "A = L n:1, f:4, h:3, w:3 ; relu(X[n, f, h, w])\n"
+        "P = L n:1, g:4, h:3, w:3 ; S c:4 ; A[n, c, h, w] * V[g, c]\n"
+        "D = L n:1, g:4, h:2, w:2 ; S r:3, s:3 ; { L n:1, g:4, y:5, x:5 ; P[n, g, y-1, x-1] }[n, g, 2*h+r, 2*w+s] * K[g, r, s]\n"
+        "R = L n:1, g:4, h:2, w:2 ; relu(D[n, g, h, w])\n"
+        "return R",
+        {"X": (1, 4, 3, 3), "V": (4, 4), "K": (4, 3, 3)},
+    )
+    variants = RULES["channel blocking"].apply(program)
+    assert [len(v.definitions) for v in variants] == [4, 4]  # blocks of 4, then of 2 (16 and 8 divide nothing)
+    blocked = dict(variants[0].definitions)
+    assert str(blocked["A_4c"]) == "L n:1, fo:1, h:3, w:3, fi:4 ; relu(X[n, fi+4*fo, h, w])"
+    assert str(blocked["P_4c"]).endswith("S co:1, ci:4 ; A_4c[n, co, h, w, ci] * V[gi+4*go, ci+4*co]")
+    assert "{ L n:1, go:1, y:5, x:5, gi:4 ; P_4c[n, go, y-1, x-1, gi] }" in str(blocked["D_4c"])
+    assert str(blocked["R"]) == "L n:1, g:4, h:2, w:2 ; relu(D_4c[n, 0, h, w, g])"  # one block: g/4 is 0
+    assert str(dict(variants[1].definitions)["R"]) == "L n:1, g:4, h:2, w:2 ; relu(D_2c[n, g/2, h, w, g%2])"
+    assert assert_sound(RULES["channel blocking"], program) == 2

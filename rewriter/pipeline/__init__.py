@@ -7,6 +7,7 @@ from .derive import Derivation, derive
 from .program import (
     OptimizedProgram,
     Subprogram,
+    blocked_layouts,
     fold_weights,
     fuse_elementwise,
     load_optimized,
@@ -19,6 +20,7 @@ __all__ = [
     "Derivation",
     "OptimizedProgram",
     "Subprogram",
+    "blocked_layouts",
     "derive",
     "fold_weights",
     "fuse_elementwise",

@@ -20,7 +20,9 @@ scopes that have an operator's shape but match no operator; one declared with ``
 takes the target operator's iterator mapping table as a second argument (OLLIE's
 GUIDEDDERIVE(E, T)) and proposes nothing without one; ``inter`` rules are OLLIE's
 inter-expression rules (fusion, merging into a batch): generators from a Program to equivalent
-Programs, which the program-level optimizer applies before derivation (Algorithm 1).
+Programs, which the program-level optimizer applies before derivation (Algorithm 1); ``layout``
+rules are such generators too, each variant storing some of the program's tensors in another
+layout (channels in blocks), which the optimizer takes where the whole program runs faster.
 
 A pattern rule is an egglog rewrite over the term classes of ``rewriter.egraph`` and runs natively
 inside the e-graph: ``pattern("x * 1", section=..., rewrite=rewrite(x * one).to(x))``.
@@ -41,7 +43,7 @@ from egglog import EGraph
 from rewriter.index import check_substitution
 from rewriter.ir import ExpressionError, Program, Scope, substitute
 
-KINDS = ("explorative", "eager", "guided", "inter")
+KINDS = ("explorative", "eager", "guided", "inter", "layout")
 
 
 class RuleError(ExpressionError):
@@ -61,8 +63,8 @@ class Rule:
 
     @property
     def on_programs(self) -> bool:
-        """Inter-expression rules rewrite whole programs; every other kind one scope."""
-        return self.kind == "inter"
+        """Inter-expression and layout rules rewrite whole programs; every other kind one scope."""
+        return self.kind in ("inter", "layout")
 
     def apply(self, scope: Scope | Program, target=None) -> list:
         """Every right-hand side of the rule on ``scope``, each checked to have the same outputs.
@@ -143,7 +145,7 @@ def rule(
     register: bool = True,
 ):
     """Declare a parametric rule: decorate a generator ``scope -> equivalent scopes``
-    (``kind="inter"``: ``program -> equivalent programs``).
+    (``kind="inter"`` or ``"layout"``: ``program -> equivalent programs``).
 
     ``targets=True`` (guided rules only) declares a generator ``(scope, target) -> scopes`` that
     derives toward the operator whose iterator mapping table is ``target`` (OLLIE 5.2).
