@@ -16,7 +16,9 @@ PyTorch under ``no_grad``. Adds (or replaces) one row per model, ``--tune`` (TVM
 raced per generated kernel, ``CpuBackend(tune=N)``), OpenBLAS kernel set (the environment's
 ``OPENBLAS_CORETYPE``, or "auto") and CPU (``codegen.measure.cpu_model``; rows from before
 it was recorded are the Zen 5's, family 26) in bench/results/models_vs_runtimes.json,
-with the time the optimizer took, the BLP's figures, and the optimized program's kernel medians
+with the time the optimizer took, the layout its tensors were kept in ("blocked": an NCHW
+network's channels in blocks of the CPU's vector, where the stitched programs' whole runs,
+``layouts_ms``, said so; both are derived), the BLP's figures, and the optimized program's kernel medians
 summed (``vs_torch.kernel_sums``: as recorded, and timed in place) beside its end-to-end time.
 """
 

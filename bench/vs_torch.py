@@ -120,6 +120,8 @@ def orchestration_columns(programs: dict, seconds: dict) -> dict:
         "greedy_kernels": len(programs["greedy"].program.kernels),
         "kept": programs["blp"].orchestration.method,  # the BLP's plan, or the greedy one where faster whole
         "end_to_end_ms": figures.get("end_to_end_ms"),
+        "layout": figures.get("layout", "as written"),  # NCHW tensors' channels in blocks, or as written
+        "layouts_ms": figures.get("layouts_ms"),  # the stitched programs' whole runs, in turns
         "shared_kernels": len(programs["blp"].orchestration.shared),
         "recomputed": len(programs["blp"].orchestration.recomputed),
         **{

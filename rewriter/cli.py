@@ -3,7 +3,8 @@
 rewriter cases [--show NAME]               parse, print and evaluate the public cases
 rewriter eval "EXPRESSION" --shape A=2,3 --shape B=3,4 [--input A=a.npy] [--out y.npy]
 rewriter derive "EXPRESSION" --shape A=1,7,7,512 --shape K=3,3,512,512 [--max-depth 3]
-rewriter optimize MODEL.onnx|ZOO-NAME [--small] [--max-depth 3] [--orchestration blp|greedy|none] --out DIR
+rewriter optimize MODEL.onnx|ZOO-NAME [--small] [--max-depth 3] [--orchestration blp|greedy|none]
+                   [--layout auto|blocked|as-written] --out DIR
 rewriter explain DIR                       the rule path of every subprogram, the orchestration
 rewriter run DIR --input NAME=FILE.npy [--out y.npy]
 """
@@ -176,6 +177,7 @@ def cmd_optimize(args, console: Console) -> int:
             subprogram_time_limit=args.subprogram_time_limit,
             backend=CpuBackend(tune=args.tune),
             orchestration=args.orchestration,
+            layout=args.layout.replace("-", " "),
             on_subprogram=report,
         )
     shapes = {model.names[name]: shape for name, shape in model.inputs.items()}
@@ -301,6 +303,13 @@ def main(argv: list[str] | None = None) -> int:
         default="blp",
         help="which primitives share a kernel: Korch's binary linear program over measured candidates, its "
         "program raced whole against the greedy one's (default), greedy fusion across subprograms, or none",
+    )
+    op.add_argument(
+        "--layout",
+        choices=("auto", "blocked", "as-written"),
+        default="auto",
+        help="how NCHW tensors are stored: with their channels in blocks of the CPU's vector and as written, "
+        "each optimized and the faster whole run kept (default), or only one",
     )
     ex = sub.add_parser("explain", help="the rule path of every subprogram and the orchestration of an optimized model")
     ex.add_argument("directory")

@@ -460,6 +460,8 @@ def orchestrate_program(
     program, plan = backend.orchestrate(
         optimized.program, outputs, boundaries, method, alternatives=optimized.alternatives, **limits
     )
+    layouts = {k: v for k, v in optimized.orchestration.figures.items() if k in ("layout", "layouts_ms")}
+    plan = replace(plan, figures=plan.figures | layouts)  # which layout the program was kept in
     return replace(optimized, program=program, orchestration=plan, alternatives={})
 
 
