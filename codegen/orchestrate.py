@@ -320,14 +320,18 @@ def faster_end_to_end(
 
 
 def agreeing(
-    plans: Mapping[str, tuple[CompiledProgram, Orchestration]], reference: CompiledProgram, outputs: set[str]
+    plans: Mapping[str, tuple[CompiledProgram, Orchestration]],
+    reference: CompiledProgram,
+    outputs: set[str],
+    unlike: str = "the kernels it fuses",
 ) -> dict[str, tuple[CompiledProgram, Orchestration]]:
     """The plans whose programs give ``reference``'s ``outputs`` (the stitched program: each of
-    its kernels verified, none fused across subprograms) on the same inputs, zeros and ones
-    drawn at random (valid token ids and masks too). A plan that disagrees is left out with a
-    warning naming its first output that differs: its kernels were checked alone and fused ones
-    against their parts, which a fault between kernels (a buffer planned over a value still to
-    be read, a call bound to the wrong buffer) passes."""
+    its kernels verified, none fused across subprograms; or the program optimized in another
+    layout, ``unlike`` saying which) on the same inputs, zeros and ones drawn at random (valid
+    token ids and masks too). A plan that disagrees is left out with a warning naming its
+    first output that differs: its kernels were checked alone and fused ones against their
+    parts, which a fault between kernels (a buffer planned over a value still to be read, a
+    call bound to the wrong buffer) passes."""
     rng = np.random.default_rng(0)
     given = {n: rng.integers(0, 2, s).astype(reference.dtype) for n, s in reference.inputs.items()}
     given = {n: v for n, v in given.items() if n not in reference.constants}
@@ -341,7 +345,7 @@ def agreeing(
             kept[method] = (program, plan)
         else:
             warnings.warn(
-                f"orchestration: the {method} plan computes {wrong} unlike the kernels it fuses; left out",
+                f"the {method} program computes {wrong} unlike {unlike}; left out",
                 RuntimeWarning,
                 stacklevel=2,
             )

@@ -18,6 +18,7 @@ from rewriter.pipeline import (
     merge_parallel,
     optimize_program,
 )
+from rewriter.pipeline.program import _faster_layout
 
 
 def test_activations_fuse_and_equal_subprograms_are_searched_once_with_their_own_weights(tmp_path, monkeypatch):
@@ -287,3 +288,8 @@ def test_a_program_optimized_in_blocked_layouts_computes_what_it_did_and_auto_ke
     assert set(auto.orchestration.figures["layouts_ms"]) == {"blocked", "as written"}
     assert f"kept {auto.orchestration.figures['layout']}" in auto.orchestration.describe()
     np.testing.assert_allclose(auto(X=x), want, rtol=1e-4, atol=1e-4)
+    # a blocked program that computes something else is left out before the race
+    written = optimize_program(program, weights, max_depth=1, layout="as written")
+    wrong = optimize_program(program, {**weights, "V": -weights["V"]}, max_depth=1, layout="blocked")
+    with pytest.warns(RuntimeWarning, match="the blocked program computes B unlike the program as written"):
+        assert _faster_layout({"blocked": wrong, "as written": written}) is written

@@ -263,7 +263,7 @@ def test_a_plan_that_computes_something_else_than_its_kernels_apart_is_left_out(
         "blp": (broken, orchestrate_module.Orchestration("blp")),
         "greedy": (program, orchestrate_module.Orchestration("greedy")),
     }
-    with pytest.warns(RuntimeWarning, match="the blp plan computes B unlike the kernels it fuses"):
+    with pytest.warns(RuntimeWarning, match="the blp program computes B unlike the kernels it fuses"):
         assert list(orchestrate_module.agreeing(plans, program, {"B", "C"})) == ["greedy"]
     with pytest.warns(RuntimeWarning, match="computes B"):
         assert orchestrate_module.agreeing({"blp": plans["blp"]}, program, {"B", "C"}) == {}

@@ -33,7 +33,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from codegen.backend import Backend, as_backend
-from codegen.orchestrate import Orchestration
+from codegen.orchestrate import Orchestration, agreeing
 from codegen.program import end_to_end_seconds, load
 from rewriter.ir import Definition, ExpressionError, Opaque, Program, Scope, parse, rename_tensors, tensor_shapes
 from rewriter.lower import Candidate, Kernel, absorbs, instantiate, is_view, mark_weight_only
@@ -362,6 +362,8 @@ def optimize_program(
             orchestration,
             on_subprogram,
         )
+    if interrupted:  # Ctrl-C: the first layout, derived whole, without a race
+        return next(iter(results.values()))
     return _faster_layout(results)
 
 
@@ -388,7 +390,14 @@ def blocked_layouts(program: Program, lanes: int) -> Program:
 
 def _faster_layout(results: dict[str, OptimizedProgram]) -> OptimizedProgram:
     """Of the program optimized in several layouts, the one whose whole run measures fastest
-    (``end_to_end_seconds``, in turns); its orchestration figures say which and the times."""
+    (``end_to_end_seconds``, in turns); its orchestration figures say which and the times.
+    Each other layout's program is first run against the one as written on the same inputs
+    (``agreeing``), and left out with a warning where an output differs."""
+    if len(results) > 1 and "as written" in results:
+        written = results["as written"]
+        plans = {name: (r.program, r.orchestration) for name, r in results.items() if name != "as written"}
+        kept = agreeing(plans, written.program, set(written.outputs), unlike="the program as written")
+        results = {name: r for name, r in results.items() if name == "as written" or name in kept}
     if len(results) == 1:
         return next(iter(results.values()))
     times = end_to_end_seconds({name: optimized.program for name, optimized in results.items()})
