@@ -94,16 +94,8 @@ def _stored_blocked(scope: Scope, axis: int, block: int) -> Scope:
 
     def read(access: Access) -> Access:
         source, indices = access.source, tuple(substitute_index(ix, mapping) for ix in access.indices)
-        at = _exact_axis(access, channel.name, scope)
-        if (
-            isinstance(source, Scope)
-            and at is not None
-            and (source.traversal[at].lo, source.traversal[at].size)
-            == (
-                0,
-                channel.size,
-            )
-        ):
+        at = _exact_axis(access, channel.name, scope) if isinstance(source, Scope) else None
+        if at is not None and (source.traversal[at].lo, source.traversal[at].size) == (0, channel.size):
             nested = _stored_blocked(source, at, block)
             return Access(nested, indices[:at] + (Var(outer.name),) + indices[at + 1 :] + (Var(inner.name),))
         return Access(source, indices)

@@ -376,16 +376,17 @@ def blocked_layouts(program: Program, lanes: int) -> Program:
         return program
     for rule_ in registered("layout"):
         while True:
-            taken = {name for name, _ in program.definitions}
-
-            def block(variant: Program) -> int:
-                return max(e.shape[-1] for n, e in variant.definitions if n not in taken)
-
-            variant = next((v for v in rule_.apply(program) if lanes <= 2 * block(v) <= 2 * lanes), None)
+            variant = next((v for v in rule_.apply(program) if lanes <= 2 * _block(v, program) <= 2 * lanes), None)
             if variant is None:
                 break
             program = variant
     return program
+
+
+def _block(variant: Program, program: Program) -> int:
+    """The block a layout variant stores its new tensors in: their innermost dimension."""
+    taken = {name for name, _ in program.definitions}
+    return max(expr.shape[-1] for name, expr in variant.definitions if name not in taken)
 
 
 def _faster_layout(results: dict[str, OptimizedProgram]) -> OptimizedProgram:
