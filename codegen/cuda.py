@@ -34,7 +34,7 @@ from bundle.format import Bundle, GemmCall, check_inputs, check_points
 from bundle.gemm import emulate, gemm_call
 from rewriter.ir import ExpressionError, tensor_shapes
 from rewriter.lower import Candidate, GemmMatch, Kernel
-from rewriter.semantics import evaluate
+from rewriter.semantics import bound_constants, evaluate
 
 from .cuda_kernel import cuda_kernel
 
@@ -58,8 +58,11 @@ def to_bundle(
     some inputs) are bound: they travel as constants, and the kernels that read only them run
     once, when the bundle is loaded (OLLIE 5.4)."""
     weights = {name: np.asarray(value, dtype) for name, value in (weights or {}).items()}
+    reads = set().union(*(tensor_shapes(k.expr) for k in candidate.kernels))
+    tables = {name: value.astype(dtype) for name, value in bound_constants(reads - set(inputs)).items()}
+    weights.update(tables)  # a rule's constant tables travel as constants
     steps, sources, constant = [], {}, set(weights)
-    buffers = {name: tuple(shape) for name, shape in inputs.items()}
+    buffers = {name: tuple(shape) for name, shape in inputs.items()} | {n: v.shape for n, v in tables.items()}
     for kernel in candidate.kernels:
         label = f"{kernel.output} = {kernel.kind}"
         call = None

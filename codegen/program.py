@@ -44,7 +44,7 @@ import numpy as np
 
 from rewriter.ir import ExpressionError, Opaque, parse, tensor_shapes
 from rewriter.lower import OPERATORS, Candidate, GemmMatch, Kernel, fuse, fusion_pairs, match_operator, run_gemm
-from rewriter.semantics import run_opaque
+from rewriter.semantics import bound_constants, run_opaque
 
 from .band import band_call
 from .im2col import im2col_call
@@ -278,6 +278,12 @@ class CompiledProgram:
     prepared: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     _dispatches: dict[tuple, _Dispatch] = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        reads = set().union(*(tensor_shapes(s.kernel.expr) for s in self.steps))
+        tables = bound_constants(reads - set(self.constants))  # a rule's constant tables bind themselves
+        if tables:
+            self.constants = {**{n: _aligned(v, self.dtype) for n, v in tables.items()}, **self.constants}
+
     @property
     def kernels(self) -> list[Kernel]:
         return [s.kernel for s in self.steps]
@@ -355,8 +361,8 @@ class CompiledProgram:
     def bind(self, weights: Mapping[str, np.ndarray]) -> CompiledProgram:
         """Fix ``weights`` as constants and evaluate the kernels that read only them, once
         (compile-time evaluation, OLLIE 5.4); the program then takes the other inputs alone."""
-        values = {n: _aligned(v, self.dtype) for n, v in weights.items()}
-        self.constants.update(values)
+        self.constants.update({n: _aligned(v, self.dtype) for n, v in weights.items()})
+        values = dict(self.constants)
         for step in self.steps:
             if step.kernel.weight_only and set(tensor_shapes(step.kernel.expr)) <= set(values):
                 out = aligned_empty(step.kernel.expr.shape, self.dtype)

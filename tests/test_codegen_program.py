@@ -23,7 +23,7 @@ from codegen.program import (
 from codegen.tvm_kernel import panel_width
 from rewriter import conv2d, derive, evaluate, matmul, parse
 from rewriter.cases import CASES
-from rewriter.ir import accesses, index_vars, tensor_shapes
+from rewriter.ir import accesses, constants_among, index_vars, tensor_shapes
 from rewriter.lower import Candidate, Kernel, instantiate, postprocess
 from rewriter.testing import random_inputs
 
@@ -134,8 +134,28 @@ def test_weight_only_kernels_run_once_when_bound():
     relaid = next(c for c in derivation.candidates if any(k.weight_only for k in c.kernels))
     inputs = random_inputs(expr, 4)
     program = compile_candidate(relaid, {n: v.shape for n, v in inputs.items()}).bind({"K": inputs["K"]})
-    assert {k.output for k in program.kernels if k.weight_only} | {"K"} == set(program.constants)
+    tables = set(constants_among(program.constants))  # a Winograd candidate's transforms
+    assert {k.output for k in program.kernels if k.weight_only} | {"K"} == set(program.constants) - tables
     _close(program(A=inputs["A"]), evaluate(expr, inputs))
+
+
+def test_a_winograd_candidate_binds_its_constant_tables_and_folds_the_filter_transform():
+    """Derived from the naive convolution by the Winograd rule: the tables the rule introduced
+    are bound by the compiled program itself (the caller gives X and W only), the filter's
+    transform reads weights and tables alone and runs once at bind time, and the result agrees
+    with the reference in float32."""
+    expr = conv2d((1, 8, 6, 6), (16, 8, 3, 3), padding=1)
+    derivation = derive(expr, max_depth=1, backend="reference", weights=("K",))
+    winograd = [c for c in derivation.candidates if "batch_matmul" in [k.kind for k in c.kernels]]
+    assert winograd, [[k.kind for k in c.kernels] for c in derivation.candidates]
+    inputs = random_inputs(expr, 6)
+    for candidate in winograd:
+        tables = {t for k in candidate.kernels for t in tensor_shapes(k.expr) if t.startswith("winograd_")}
+        assert tables and not tables & set(inputs)
+        assert [k.weight_only for k in candidate.kernels].count(True) == 1
+        program = compile_candidate(candidate, {n: v.shape for n, v in inputs.items()}).bind({"K": inputs["K"]})
+        assert tables < set(program.constants)
+        _close(program(A=inputs["A"]), evaluate(expr, inputs))
 
 
 def test_saved_programs_run_in_a_new_process_without_searching(tmp_path):

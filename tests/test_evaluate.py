@@ -6,6 +6,8 @@ import pytest
 import rewriter.semantics.reference as reference
 from rewriter import ExpressionError, evaluate, parse, parse_program
 from rewriter.cases import CASES
+from rewriter.ir import constant
+from rewriter.semantics import sample_inputs
 
 CONV3X3 = "L n:{N}, h:{H}, w:{W}, f:{F} ; S c:{C}, r:3, s:3 ; A[n, h+r-1, w+s-1, c] * K[r, s, f, c]"
 CONVT = "L n:{N}, h:{H2}, w:{W2}, f:{F} ; S x:{H}, y:{W}, c:{C} ; A[n, x, y, c] * K[h+1-2*x, w+1-2*y, f, c]"
@@ -153,3 +155,15 @@ def test_inputs_are_checked():
         evaluate(expr, {"A": np.zeros(3)})
     with pytest.raises(ExpressionError, match=r"input B has shape \(4,\), the expression expects \(3,\)"):
         evaluate(expr, {"A": np.zeros(3), "B": np.zeros(4)})
+
+
+def test_a_constant_table_binds_itself_and_keeps_one_value_per_name():
+    """A tensor a rule made with ``constant`` needs no input: evaluation and sampled inputs take
+    its recorded values; recording other values under its name is refused."""
+    table = constant("test_table_2x2", [[1, 2], [3, 4]])
+    expr = parse("L i:2 ; S j:2 ; test_table_2x2[i, j] * X[j]", {"X": (2,), table.name: table.shape})
+    np.testing.assert_allclose(evaluate(expr, {"X": np.array([1.0, 10.0])}), [21.0, 43.0])
+    np.testing.assert_array_equal(sample_inputs((), {table.name: (2, 2)})[table.name], [[1, 2], [3, 4]])
+    assert constant("test_table_2x2", [[1, 2], [3, 4]]) == table  # the same values again: the same tensor
+    with pytest.raises(ExpressionError, match="already recorded"):
+        constant("test_table_2x2", [[1, 2], [3, 5]])

@@ -6,14 +6,17 @@ fires would pass its soundness test vacuously. Named examples replay the steps o
 Figure 6.
 """
 
+import numpy as np
 import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from rewriter import ExpressionError, Iterator, Scope, Var, parse, parse_program
 from rewriter.search import RuleError, fingerprint, pattern, registered, rule, substitute_traversal
+from rewriter.semantics import bound_constants
 from rewriter.testing import assert_sound
 from rewriter.testing.strategies import applicable, rewritten
+from rules.winograd import transforms
 
 RULES = {r.name: r for r in registered()}
 
@@ -60,6 +63,46 @@ def nchw_chains(draw):
     )
     shapes = {"X": (1, c, h, h), "W": (f, c, k, k), "B": (f,), "V": (g, f), "K": (g, 3, 3)}
     return parse_program(text, shapes)
+
+
+@st.composite
+def convolutions(draw):
+    """Convolutions of stride 1 as networks write them: one or two spatial dimensions of 2 to
+    7 points, 2 to 4 taps each padded by 0 to taps-1, laid out NCHW, NHWC, depthwise or with
+    the channels in blocks of 2, the weight read first or second."""
+    spatial = draw(st.integers(1, 2))
+    c, f = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    sizes = [draw(st.integers(2, 7)) for _ in range(spatial)]
+    taps = [draw(st.integers(2, 4)) for _ in range(spatial)]
+    reads = [f"{h}+{r}-{draw(st.integers(0, k - 1))}" for h, r, k in zip("hw", "rs", taps)]
+    space = ", ".join(f"{h}:{size}" for h, size in zip("hw", sizes))
+    kernel = ", ".join(f"{r}:{k}" for r, k in zip("rs", taps))
+    layout = draw(st.sampled_from(("nchw", "nhwc", "depthwise", "blocked")))
+    x, w, sums, out = {
+        "nchw": (f"X[n, c, {', '.join(reads)}]", "W[f, c, r, s]", f"c:{c}, ", f"n:1, f:{f}, {space}"),
+        "nhwc": (f"X[n, {', '.join(reads)}, c]", "W[r, s, c, f]", f"c:{c}, ", f"n:1, {space}, f:{f}"),
+        "depthwise": (f"X[n, c, {', '.join(reads)}]", "W[c, r, s]", "", f"n:1, c:{c}, {space}"),
+        "blocked": (
+            f"X[n, co, {', '.join(reads)}, ci]",
+            "W[fi+2*fo, ci+2*co, r, s]",
+            f"co:{c}, ci:2, ",
+            f"n:1, fo:{f}, {space}, fi:2",
+        ),
+    }[layout]
+    w = w.replace(", s]", "]").replace("r, s, ", "r, ") if spatial == 1 else w
+    shapes = {
+        "X": {
+            "nchw": (1, c, *sizes),
+            "nhwc": (1, *sizes, c),
+            "depthwise": (1, c, *sizes),
+            "blocked": (1, c, *sizes, 2),
+        }[layout],
+        "W": {"nchw": (f, c, *taps), "nhwc": (*taps, c, f), "depthwise": (c, *taps), "blocked": (2 * f, 2 * c, *taps)}[
+            layout
+        ],
+    }
+    body = f"{x} * {w}" if draw(st.booleans()) else f"{w} * {x}"
+    return parse(f"L {out} ; S {sums}{kernel} ; {body}", shapes)
 
 
 # Each rule's soundness test: the expressions it draws, and the least share of the profile's
@@ -131,6 +174,7 @@ FIRING = {
     # read in a nested scope do not merge (test_batch_merging_declines_inputs_read_in_nested_scopes)
     "expression fusion": (applicable(RULES["expression fusion"], max_steps=0), 0.9),
     "channel blocking": (nchw_chains(), 0.9),  # 1.0 by construction
+    "winograd": (convolutions(), 0.9),  # 1.0 by construction
     "expression merging (batch)": (
         applicable(RULES["expression merging (batch)"], twin_probability=0.5, max_steps=0),
         0.9,
@@ -503,3 +547,35 @@ def test_channel_blocking_stores_a_chain_in_blocks_and_splits_the_sums_that_read
     assert str(blocked["R"]) == "L n:1, g:4, h:2, w:2 ; relu(D_4c[n, 0, h, w, g])"  # one block: g/4 is 0
     assert str(dict(variants[1].definitions)["R"]) == "L n:1, g:4, h:2, w:2 ; relu(D_2c[n, g/2, h, w, g%2])"
     assert assert_sound(RULES["channel blocking"], program) == 2
+
+
+def test_winograd_computes_a_convolution_as_products_of_transformed_tiles():
+    """F(2, 3) along both dimensions of a padded 3x3 convolution: the input's 4x4 tiles (V) and
+    the filter (U) in the transformed basis, one matrix product per point of the tile (P), each
+    output gathering its tile's 16 products; F(4, 3) too, and nothing on a stride-2 read."""
+    shapes = {"X": (1, 3, 5, 5), "W": (4, 3, 3, 3)}
+    conv = parse("L n:1, f:4, h:5, w:5 ; S c:3, r:3, s:3 ; X[n, c, h+r-1, w+s-1] * W[f, c, r, s]", shapes)
+    f2, f4 = RULES["winograd"].apply(conv)
+    assert str(f2) == (
+        "L n:1, f:4, h:5, w:5 ; S k:4, k1:4 ; winograd_AT_m2_r3[w%2, k1] * (winograd_AT_m2_r3[h%2, k] * "
+        "{ L k:4, k1:4, n:1, t:3, t1:3, f:4 ; S c:3 ; "
+        "{ L k:4, k1:4, n:1, t:3, t1:3, c:3 ; S i:4, i1:4 ; "
+        "winograd_BT_m2_r3[k1, i1] * (winograd_BT_m2_r3[k, i] * X[n, c, 2*t+i-1, 2*t1+i1-1]) }[k, k1, n, t, t1, c] * "
+        "{ L k:4, k1:4, c:3, f:4 ; S r:3, s:3 ; "
+        "winograd_G_m2_r3[k1, s] * (winograd_G_m2_r3[k, r] * W[f, c, r, s]) }[k, k1, c, f] }[k, k1, n, h/2, w/2, f])"
+    )
+    assert "S k:6, k1:6" in str(f4)
+    assert assert_sound(RULES["winograd"], conv) == 2
+    strided = parse("L n:1, f:4, h:2, w:2 ; S c:3, r:3, s:3 ; X[n, c, 2*h+r-1, 2*w+s-1] * W[f, c, r, s]", shapes)
+    assert RULES["winograd"].apply(strided) == []
+
+
+@pytest.mark.parametrize("m, r", [(2, 3), (4, 3), (2, 2), (4, 4), (2, 7)])
+def test_winograd_transforms_multiply_out_to_the_convolution(m, r):
+    """sum_k AT[u, k] G[k, j] BT[k, i] is 1 where i = u + j and 0 elsewhere: the identity the
+    rule rests on, for each F(m, r) its transforms are built for."""
+    tables = bound_constants(t.name for t in transforms(m, r))
+    at, g, bt = (tables[f"winograd_{name}_m{m}_r{r}"] for name in ("AT", "G", "BT"))
+    ones = np.einsum("uk,kj,ki->uji", at, g, bt)
+    expected = np.fromfunction(lambda u, j, i: (i == u + j).astype(float), (m, r, m + r - 1))
+    assert np.allclose(ones, expected, atol=1e-12)

@@ -8,6 +8,7 @@ walks and rewrites trees. Nothing here depends on any other layer.
 """
 
 from . import builders
+from .constants import constant, constant_table, constants_among
 from .errors import ExpressionError
 from .indices import (
     Index,
@@ -64,6 +65,9 @@ from .traverse import (
 )
 
 __all__ = [
+    "constant",
+    "constant_table",
+    "constants_among",
     "ARITHMETIC",
     "BINARY_FUNCTIONS",
     "INDEX_OPS",

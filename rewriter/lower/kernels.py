@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from rewriter.ir import Binary, Opaque, Scalar, Scope, Unary, nested_scopes, rename_tensors, tensor_shapes
-from rewriter.semantics import evaluate
+from rewriter.semantics import bound_constants, evaluate
 
 from .operators import GemmMatch, Operator, match_operator, run_gemm
 
@@ -117,7 +117,9 @@ class Candidate:
         return [(k, k.cost) for k in self.kernels]
 
     def __call__(self, **inputs) -> np.ndarray:
-        values = {name: np.asarray(value, dtype=np.float64) for name, value in inputs.items()}
+        reads = set().union(*(tensor_shapes(k.expr) for k in self.kernels))
+        given = {**bound_constants(reads - set(inputs)), **inputs}  # a rule's constant tables bind themselves
+        values = {name: np.asarray(value, dtype=np.float64) for name, value in given.items()}
         for kernel in self.kernels:
             if isinstance(kernel.match, GemmMatch):
                 values[kernel.output] = run_gemm(kernel.match, values, kernel.expr.shape)

@@ -4,15 +4,15 @@ The search runs level by level (``rewriter.search.explore_levels``), and each le
 before the next is searched (anytime): every new state, and the states guided steps reach from
 it (``guide``), is instantiated (``rewriter.lower``: matched operators where the iterator mapping
 tables match, layout eOperators where a split or merged dimension makes one match, eOperators
-elsewhere) into a candidate program; then the best few candidates found so far that are not
+elsewhere) into a candidate program; the best few found so far are added again in lighter and
+re-laid-out forms (guided steps); then the best few candidates that are not
 checked yet are run on random inputs and compared with ``evaluate(expr)`` (``verify``), and
 those that agree are compiled by the backend (``codegen.backend``), checked again and measured.
 A mismatch is dropped and logged in ``rejected``, never returned. So a deeper ``max_depth``
 never loses what a shallower one verified: its levels start with the shallower search's. The
 identity candidate, the whole expression as one eOperator, is always in the race.
 
-After the levels: lighter and re-laid-out forms of the best candidates (guided steps), and
-extraction from the e-graph, which combines the cheapest form of every nested scope
+After the levels: extraction from the e-graph, which combines the cheapest form of every nested scope
 (``select``), with the measured kernel times; the fastest few are timed again in turns before
 the choice.
 """
@@ -68,8 +68,8 @@ def derive(
     ``weights`` names the inputs that are model weights: kernels reading only them are marked for
     compile-time evaluation (post-processing, OLLIE 5.4). ``time_limit`` (seconds, 300 by default,
     None for no limit) bounds the whole derivation: 60% for the levels (search, candidates,
-    verification and measurement, level by level), the rest for the best candidates' lighter
-    forms, extraction and the final race (depth 7 on a convolution does not finish in minutes
+    verification and measurement, level by level), the rest for extraction, the lighter forms of
+    what it adds, and the final race (depth 7 on a convolution does not finish in minutes
     on a small machine). The identity (the expression as one kernel, the fallback) is checked
     and timed after the levels, so that a slow naive kernel does not take their time. Past the
     limit only the identity and, if none agreed yet, one more candidate are still compiled, so
@@ -86,8 +86,7 @@ def derive(
     backend = as_backend(backend)
     started = time.perf_counter()
     # levels (search, instantiation, verification and measurement, level by level) take 60% of
-    # the time budget; lighter and re-laid-out forms of the best, extraction from the e-graph
-    # and the final race the rest (at full size a naive kernel takes seconds to compile and time)
+    # the time budget; extraction from the e-graph and the final race the rest (at full size a naive kernel takes seconds to compile and time)
     deadline = None if time_limit is None else started + time_limit
     levels_until = None if time_limit is None else started + 0.6 * time_limit
     identity = Candidate(mark_weight_only([Kernel("eop", "out", expr)], weights))  # its weights timed cold
@@ -116,6 +115,7 @@ def derive(
             # half of what is left of the levels' time at most: slow shallow candidates (whole
             # seconds a run at full size) must not leave the deeper levels none
             until = None if levels_until is None else (time.perf_counter() + levels_until) / 2
+            _add_lighter_forms(found, keep, guide, weights, identity, expr, as_given)
             measuring.verify(diverse(sorted(found.values(), key=lambda c: c.cost)), keep, identity=False, until=until)
             if exploration.stats.stop_reason == "time":
                 break
@@ -127,8 +127,17 @@ def derive(
     extracted = extraction and extraction.best(deadline)
     if extracted and (candidate := admitted(extracted, identity, expr)):
         found.setdefault(key(candidate), candidate)
-    ranked = diverse(sorted(found.values(), key=lambda c: c.cost))
-    for candidate in ranked[:keep]:  # the best again: lighter eOperators, operands re-laid out for larger GEMMs
+    _add_lighter_forms(found, keep, guide, weights, identity, expr, as_given)
+    measuring.verify(diverse(sorted(found.values(), key=lambda c: c.cost)), keep)
+    programs = measuring.finish(extraction if backend.measures else None)
+    return Derivation(expr, programs, exploration.stats, check.rejected)
+
+
+def _add_lighter_forms(found: dict, keep: int, guide: Guide, weights, identity, expr: Scope, as_given) -> None:
+    """The best ``keep`` of ``found`` again, added to it: with lighter eOperators, and with
+    their operands re-laid out for larger GEMMs. After every level, so that a deeper search
+    starts with every form a shallower one verified."""
+    for candidate in diverse(sorted(found.values(), key=lambda c: c.cost))[:keep]:
         source = State(expr, (), fingerprint(expr)) if candidate is as_given else candidate.source
         if source is None:
             continue
@@ -138,9 +147,6 @@ def derive(
             if again and key(again) not in found:
                 again.source = state
                 found[key(again)] = again
-    measuring.verify(diverse(sorted(found.values(), key=lambda c: c.cost)), keep)
-    programs = measuring.finish(extraction if backend.measures else None)
-    return Derivation(expr, programs, exploration.stats, check.rejected)
 
 
 # Rounds of lazy measurement: extract with what is measured, compile and measure what was

@@ -10,7 +10,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from rewriter.ir import OPAQUE_OPS, Definition, ExpressionError, Opaque, tensor_shapes
+from rewriter.ir import OPAQUE_OPS, Definition, ExpressionError, Opaque, constants_among, tensor_shapes
 
 
 def _positions(op: Opaque, indices: np.ndarray, size: int) -> np.ndarray:
@@ -56,13 +56,19 @@ def run_opaque(op: Opaque, values: Mapping[str, np.ndarray]) -> np.ndarray:
     return OPAQUE[op.op](op, *(np.asarray(values[t.name]) for t in op.inputs))
 
 
+def bound_constants(names) -> dict[str, np.ndarray]:
+    """The recorded constant tables (``rewriter.ir.constant``) among ``names``, as arrays: what
+    binds a tensor a rule introduced (never sampled)."""
+    return {name: np.reshape(values, shape) for name, (shape, values) in constants_among(names).items()}
+
+
 def sample_inputs(
     definitions: Iterable[tuple[str, Definition]], shapes: Mapping[str, tuple[int, ...]], seed: int = 0
 ) -> dict[str, np.ndarray]:
     """Random float32 values for the tensors ``shapes`` names, valid for the program of
     ``definitions``: standard normal, except a tensor a gather reads as its indices (directly or
     through other definitions: a reshape of token ids), which holds integers in range of every
-    such gather."""
+    such gather, and a recorded constant table, which holds its values."""
     sources: dict[str, set[str]] = {}  # tensor -> the tensors of ``shapes`` it is computed from
     bounds: dict[str, int] = {}
     for name, expr in definitions:
@@ -72,9 +78,14 @@ def sample_inputs(
             for source in sources.get(expr.inputs[1].name, {expr.inputs[1].name}):
                 bounds[source] = min(bounds.get(source, size), size)
     rng = np.random.default_rng(seed)
+    tables = bound_constants(shapes)
     return {
-        name: (rng.integers(0, bounds[name], shape) if name in bounds else rng.standard_normal(shape)).astype(
-            np.float32
-        )
+        name: (
+            tables[name]
+            if name in tables
+            else rng.integers(0, bounds[name], shape)
+            if name in bounds
+            else rng.standard_normal(shape)
+        ).astype(np.float32)
         for name, shape in shapes.items()
     }

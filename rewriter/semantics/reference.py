@@ -42,7 +42,7 @@ from rewriter.ir import (
     tensor_shapes,
 )
 
-from .opaque import run_opaque
+from .opaque import bound_constants, run_opaque
 
 # Largest intermediate (in elements) built at once before the traversal space is chunked.
 CHUNK_ELEMENTS = 1 << 24
@@ -100,6 +100,7 @@ def evaluate(expr: Scope | Opaque | Program, inputs: Mapping[str, object], dtype
 
 
 def _check_inputs(shapes: dict, inputs: Mapping[str, object], dtype) -> dict[str, np.ndarray]:
+    inputs = {**bound_constants(set(shapes) - set(inputs)), **inputs}
     missing = sorted(set(shapes) - set(inputs))
     if missing:
         raise ExpressionError(f"missing input tensor(s): {', '.join(missing)}")
