@@ -8,7 +8,7 @@ walks and rewrites trees. Nothing here depends on any other layer.
 """
 
 from . import builders
-from .constants import constant, constant_table, constants_among
+from .constants import constant, constants_among
 from .errors import ExpressionError
 from .indices import (
     Index,
@@ -65,9 +65,6 @@ from .traverse import (
 )
 
 __all__ = [
-    "constant",
-    "constant_table",
-    "constants_among",
     "ARITHMETIC",
     "BINARY_FUNCTIONS",
     "INDEX_OPS",
@@ -100,6 +97,8 @@ __all__ = [
     "box",
     "builders",
     "children",
+    "constant",
+    "constants_among",
     "constant_value",
     "eval_index",
     "format_index",

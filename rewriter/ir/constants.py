@@ -29,11 +29,6 @@ def constant(name: str, rows) -> Tensor:
     return tensor
 
 
-def constant_table(name: str) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
-    """``(shape, row-major values)`` of the constant ``name``, or None when no rule recorded it."""
-    return _TABLES.get(name)
-
-
 def constants_among(names) -> dict[str, tuple[tuple[int, ...], tuple[float, ...]]]:
     """The recorded constants among ``names``, each with its shape and values."""
     return {name: _TABLES[name] for name in names if name in _TABLES}

@@ -86,7 +86,8 @@ def derive(
     backend = as_backend(backend)
     started = time.perf_counter()
     # levels (search, instantiation, verification and measurement, level by level) take 60% of
-    # the time budget; extraction from the e-graph and the final race the rest (at full size a naive kernel takes seconds to compile and time)
+    # the time budget; extraction from the e-graph and the final race the rest (at full size a
+    # naive kernel takes seconds to compile and time)
     deadline = None if time_limit is None else started + time_limit
     levels_until = None if time_limit is None else started + 0.6 * time_limit
     identity = Candidate(mark_weight_only([Kernel("eop", "out", expr)], weights))  # its weights timed cold
