@@ -74,33 +74,39 @@ def convolutions(draw):
     c, f = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     sizes = [draw(st.integers(2, 7)) for _ in range(spatial)]
     taps = [draw(st.integers(2, 4)) for _ in range(spatial)]
-    reads = [f"{h}+{r}-{draw(st.integers(0, k - 1))}" for h, r, k in zip("hw", "rs", taps)]
-    space = ", ".join(f"{h}:{size}" for h, size in zip("hw", sizes))
+    hs, rs = "hw"[:spatial], ", ".join("rs"[:spatial])
+    reads = ", ".join(f"{h}+{r}-{draw(st.integers(0, k - 1))}" for h, r, k in zip(hs, "rs", taps))
+    space = ", ".join(f"{h}:{size}" for h, size in zip(hs, sizes))
     kernel = ", ".join(f"{r}:{k}" for r, k in zip("rs", taps))
-    layout = draw(st.sampled_from(("nchw", "nhwc", "depthwise", "blocked")))
-    x, w, sums, out = {
-        "nchw": (f"X[n, c, {', '.join(reads)}]", "W[f, c, r, s]", f"c:{c}, ", f"n:1, f:{f}, {space}"),
-        "nhwc": (f"X[n, {', '.join(reads)}, c]", "W[r, s, c, f]", f"c:{c}, ", f"n:1, {space}, f:{f}"),
-        "depthwise": (f"X[n, c, {', '.join(reads)}]", "W[c, r, s]", "", f"n:1, c:{c}, {space}"),
+    layouts = {  # the input's read, the weight's, the summed channels, the traversal, the shapes
+        "nchw": (
+            f"X[n, c, {reads}]",
+            f"W[f, c, {rs}]",
+            f"c:{c}, ",
+            f"n:1, f:{f}, {space}",
+            (1, c, *sizes),
+            (f, c, *taps),
+        ),
+        "nhwc": (
+            f"X[n, {reads}, c]",
+            f"W[{rs}, c, f]",
+            f"c:{c}, ",
+            f"n:1, {space}, f:{f}",
+            (1, *sizes, c),
+            (*taps, c, f),
+        ),
+        "depthwise": (f"X[n, c, {reads}]", f"W[c, {rs}]", "", f"n:1, c:{c}, {space}", (1, c, *sizes), (c, *taps)),
         "blocked": (
-            f"X[n, co, {', '.join(reads)}, ci]",
-            "W[fi+2*fo, ci+2*co, r, s]",
+            f"X[n, co, {reads}, ci]",
+            f"W[fi+2*fo, ci+2*co, {rs}]",
             f"co:{c}, ci:2, ",
             f"n:1, fo:{f}, {space}, fi:2",
+            (1, c, *sizes, 2),
+            (2 * f, 2 * c, *taps),
         ),
-    }[layout]
-    w = w.replace(", s]", "]").replace("r, s, ", "r, ") if spatial == 1 else w
-    shapes = {
-        "X": {
-            "nchw": (1, c, *sizes),
-            "nhwc": (1, *sizes, c),
-            "depthwise": (1, c, *sizes),
-            "blocked": (1, c, *sizes, 2),
-        }[layout],
-        "W": {"nchw": (f, c, *taps), "nhwc": (*taps, c, f), "depthwise": (c, *taps), "blocked": (2 * f, 2 * c, *taps)}[
-            layout
-        ],
     }
+    x, w, sums, out, x_shape, w_shape = layouts[draw(st.sampled_from(sorted(layouts)))]
+    shapes = {"X": x_shape, "W": w_shape}
     body = f"{x} * {w}" if draw(st.booleans()) else f"{w} * {x}"
     return parse(f"L {out} ; S {sums}{kernel} ; {body}", shapes)
 

@@ -34,8 +34,8 @@ def postprocess(candidate: Candidate, weights=()) -> Candidate:
 def mark_weight_only(kernels: list[Kernel], weights) -> list[Kernel]:
     """``kernels`` with those that read only weights (and their products) marked weight-only,
     and each kernel's weight inputs named; the program's final kernel is never marked."""
-    reads = set().union(*(tensor_shapes(k.expr) for k in kernels))
-    constant, marked = set(weights) | set(constants_among(reads)), []  # a rule's constant tables too
+    every_read = set().union(*(tensor_shapes(k.expr) for k in kernels))
+    constant, marked = set(weights) | set(constants_among(every_read)), []  # a rule's constant tables too
     for kernel in kernels:
         reads = set(tensor_shapes(kernel.expr))
         only = kernel.output != kernels[-1].output and reads <= constant
