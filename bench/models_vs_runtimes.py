@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns, write_rows  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
+from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns, paired_ratio, write_rows  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
@@ -117,7 +117,8 @@ def run(name: str, args) -> dict:
         for label, fn in functions.items():
             error = float(np.abs(np.asarray(fn()) - want).max()) / scale
             assert error < 1e-3, f"{name}: {label} disagrees with onnxruntime ({error:.2e})"
-        medians = interleaved(functions, args.rounds)
+        samples = {}
+        medians = interleaved(functions, args.rounds, samples)
     kernels = kernel_sums(optimized.program)
     return {
         "model": name,
@@ -133,6 +134,7 @@ def run(name: str, args) -> dict:
         **kernels,  # the end-to-end time beside the kernels' own: what runs between them
         "vs_kernels_in_place": round(medians["optimized"] * 1e3 / kernels["kernels_in_place_ms"], 3),
         **{f"vs_{k}": round(medians[k] / medians["optimized"], 2) for k in medians if k != "optimized"},
+        "vs_greedy_rounds": paired_ratio(samples, "greedy", "optimized"),  # its spread: what noise moves
     }
 
 

@@ -46,12 +46,14 @@ from rewriter.pipeline import optimize_program, orchestrate_program  # noqa: E40
 WEIGHTS = {"conv3x3": ("K",), "convtranspose": ("K",), "conv5x5": ("K",), "g2bmm": ()}
 
 
-def interleaved(functions: dict, rounds: int) -> dict:
-    """Median seconds per function, timed round-robin so drifts hit every one alike."""
+def interleaved(functions: dict, rounds: int, samples: dict | None = None) -> dict:
+    """Median seconds per function, timed round-robin so drifts hit every one alike;
+    ``samples`` (a dict) receives each function's time in every round, in order."""
     for fn in functions.values():  # warm up (and trigger torch.compile)
         fn()
         fn()
-    samples = {name: [] for name in functions}
+    samples = {} if samples is None else samples
+    samples.update({name: [] for name in functions})
     for _ in range(rounds):
         for name, fn in functions.items():
             fn()  # the first call after another library's pays for its threads waking up
@@ -59,6 +61,14 @@ def interleaved(functions: dict, rounds: int) -> dict:
             fn()
             samples[name].append(time.perf_counter() - start)
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def paired_ratio(samples: dict, slower: str, faster: str) -> list[float]:
+    """The ratio ``slower`` / ``faster`` in each round of ``interleaved`` (the two timed a
+    moment apart): its 10th, 50th and 90th percentiles. A difference smaller than this spread
+    is the machine's noise, not the programs'."""
+    ratios = sorted(a / b for a, b in zip(samples[slower], samples[faster]))
+    return [round(float(np.percentile(ratios, q)), 3) for q in (10, 50, 90)]
 
 
 def kernel_sums(compiled, rounds: int = 10) -> dict:
@@ -126,8 +136,10 @@ def orchestration_columns(programs: dict, seconds: dict) -> dict:
         "recomputed": len(programs["blp"].orchestration.recomputed),
         **{
             f"blp_{k}": figures.get(k)
-            for k in ("candidates", "measured", "refused", "variables", "constraints", "solve_s", "gap")
+            for k in ("candidates", "seeded", "measured", "refused", "variables", "constraints", "solve_s", "gap")
         },
+        # the BLP's plan and the greedy one's in the BLP's terms (kernels timed in turns, summed)
+        **{f"blp_{k}_ms": round(figures[k] * 1e3, 3) for k in ("seconds", "greedy_seconds") if k in figures},
     }
 
 

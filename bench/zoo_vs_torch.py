@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns, write_rows  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
+from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns, paired_ratio, write_rows  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -158,7 +158,8 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
             got = np.asarray(fn())
             error = float(np.abs(got - want).max()) / scale
             assert error < 1e-3, f"{name}: {label} disagrees with the reference ({error:.2e})"
-        medians = interleaved(functions, rounds)
+        samples = {}
+        medians = interleaved(functions, rounds, samples)
     kernels = kernel_sums(optimized.program)
     return {
         "model": name,
@@ -172,6 +173,7 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
         "vs_torch_compile": round(medians["torch_compile"] / medians["optimized"], 2),
         **kernels,  # the end-to-end time beside the kernels' own: what runs between them
         "vs_kernels_in_place": round(medians["optimized"] * 1e3 / kernels["kernels_in_place_ms"], 3),
+        "vs_greedy_rounds": paired_ratio(samples, "greedy", "optimized"),  # its spread: what noise moves
     }
 
 

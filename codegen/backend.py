@@ -20,8 +20,6 @@ A program is callable on named inputs (``program(**inputs) -> array``) and has `
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
@@ -32,7 +30,15 @@ from rewriter.lower import Candidate
 
 from .cuda import CudaBackend
 from .measure import MeasurementDB, device_id
-from .orchestrate import Orchestration, agreeing, faster_end_to_end, fuse_boundaries, orchestrate, race_shared_in_place
+from .orchestrate import (
+    Orchestration,
+    agreeing,
+    faster_end_to_end,
+    fuse_boundaries,
+    fused_kernels,
+    orchestrate,
+    race_shared_in_place,
+)
 from .program import CompiledProgram, compile_candidate, remeasure, stitch
 from .tvm_kernel import vector_lanes
 
@@ -98,22 +104,18 @@ class CpuBackend:
     ) -> tuple[CompiledProgram, Orchestration]:
         """Which primitives of a stitched program share a kernel: the greedy fusion across
         subprogram ``boundaries`` ("greedy"), or Korch's BLP over measured candidates ("blp",
-        ``limits``: ``max_primitives``, ``time_limit``), its program then raced end to end
-        against the greedy one's (``faster_end_to_end``) where the time limit leaves room. Each
+        ``limits``: ``max_primitives``, ``time_limit``) that include the greedy plan's fused
+        kernels, its program then raced end to end against the greedy one's
+        (``faster_end_to_end``). Each
         plan is first raced where its program runs (``race_shared_in_place``, with the
         subprograms' runners-up ``alternatives``), and checked against the stitched program on
         the same inputs (``agreeing``): a plan that computes something else is left out, and
         where none is left the stitched program is returned as it is."""
-        start = time.perf_counter()
-        plans = {}
-        if method == "blp":
-            plans["blp"] = race_shared_in_place(
-                program, *orchestrate(program, required, self.db, self.tune, **limits), alternatives
-            )
-        if method != "blp" or time.perf_counter() - start <= limits.get("time_limit", math.inf):
-            plans["greedy"] = race_shared_in_place(
-                program, *fuse_boundaries(program, boundaries, self.db, self.tune), alternatives
-            )
+        greedy = fuse_boundaries(program, boundaries, self.db, self.tune)
+        plans = {"greedy": race_shared_in_place(program, *greedy, alternatives)}
+        if method == "blp":  # the greedy plan's fused kernels among the BLP's candidates
+            blp = orchestrate(program, required, self.db, self.tune, seeds=fused_kernels(*greedy), **limits)
+            plans = {"blp": race_shared_in_place(program, *blp, alternatives)} | plans
         checked = agreeing(plans, program, required)
         if not checked:  # no plan computes what its kernels compute apart: those kernels, as stitched
             return program, Orchestration("none", figures={"disagreed": sorted(plans)})

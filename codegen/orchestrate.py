@@ -87,8 +87,8 @@ class Orchestration:
                 + ", ".join(f"{n} {w}" for w, n in f["dependences"].items())
             )
             lines.append(
-                f"  {f['candidates']} candidate kernels ({f['measured']} forms compiled and measured,"
-                f" {f['refused']} refused) in {f['measure_s']} s"
+                f"  {f['candidates']} candidate kernels ({f.get('seeded', 0)} of them the greedy plan's;"
+                f" {f['measured']} forms compiled and measured, {f['refused']} refused) in {f['measure_s']} s"
             )
         if "variables" in f:
             lines.append(
@@ -96,7 +96,10 @@ class Orchestration:
                 f" in {f['solve_s']} s, gap {f['gap']}"
             )
         if "seconds" in f:
-            lines.append(f"  {f['baseline_seconds'] * 1e3:.3f} ms as primitives -> {f['seconds'] * 1e3:.3f} ms")
+            greedy = (
+                f" (the greedy plan's kernels: {f['greedy_seconds'] * 1e3:.3f} ms)" if "greedy_seconds" in f else ""
+            )
+            lines.append(f"  {f['baseline_seconds'] * 1e3:.3f} ms as primitives -> {f['seconds'] * 1e3:.3f} ms{greedy}")
         if "apart_in_place" in f:
             lines.append(
                 f"  raced where the program runs: {f['apart_in_place']} shared kernels taken apart,"
@@ -143,13 +146,17 @@ def orchestrate(
     max_primitives: int = 5,
     time_limit: float | None = 60.0,
     solver_time_limit: float = 10.0,
+    seeds: Sequence[tuple[tuple[str, ...], Step]] = (),
 ) -> tuple[CompiledProgram, Orchestration]:
     """Korch's orchestration of ``program``: candidate kernels of up to ``max_primitives``
     eOperators compiled, checked and measured (until ``time_limit`` seconds have passed: the
     candidates not reached yet are left out), every form then timed again in turns with the
     primitives' own kernels (so that the BLP compares times taken side by side, not minutes
     apart), then the BLP's choice. ``required``: the tensors the program must still produce (the
-    model's outputs); the program's last output always is."""
+    model's outputs); the program's last output always is. ``seeds``: kernels already compiled
+    and checked that compute several primitives (the outputs of those primitives, and the
+    step; ``fused_kernels`` of the greedy plan), candidates too, of any size: the greedy plan is
+    then one the BLP can choose, and its choice is at least as fast in the BLP's terms."""
     timed = program._timed()
     graph = Primitives.of([s.kernel for s in timed])
     forms: dict[tuple, Step | None] = {}  # canonical form -> its compiled step (None: refused)
@@ -158,6 +165,7 @@ def orchestrate(
         _, key = _canonical(s.kernel)
         forms.setdefault(key, s.renamed(_names(s.kernel), program.dtype))
         alone.append(key)
+    seeded = _seeded(seeds, timed, forms, program.dtype)
     start = time.perf_counter()
     available = set(program.inputs) | set(program.constants) | {s.kernel.output for s in program.steps}
     found = convex_candidates(
@@ -166,6 +174,7 @@ def orchestrate(
         max_primitives,
         linear=lambda i: _generated_with_epilogue(timed[i].kernel, available),
     )
+    found += sorted(set(seeded) - set(found))
     # SIRIUS's widths order what is measured first (a time limit leaves out the last): a
     # candidate whose primitives depend element-wise can run as one loop nest, one with a global
     # dependence only saves a call
@@ -174,7 +183,7 @@ def orchestrate(
     candidates = []  # (members, the fused kernel, its form)
     new_forms = {}  # a form not seen yet -> its canonical kernel, a kernel of that form, its primitives apart
     for members in found:
-        kernel = fused_kernel(graph, members)
+        kernel = seeded.get(members) or fused_kernel(graph, members)
         canonical, key = _canonical(kernel)
         candidates.append((members, kernel, key))
         if key not in forms and key not in new_forms:
@@ -195,6 +204,7 @@ def orchestrate(
         "reductions": sum(relies(s.kernel.expr) == "one-on-many" for s in timed if isinstance(s.kernel.expr, Scope)),
         "dependences": {w: sum(width == w for _, _, width in edges) for w in WIDTHS},
         "candidates": len(found),
+        "seeded": len(seeded),
         "measured": len({key for _, _, key in candidates if forms[key] is not None}),
         "refused": len({key for _, _, key in candidates if forms[key] is None}),
         "measure_s": round(time.perf_counter() - start, 2),
@@ -216,8 +226,39 @@ def orchestrate(
         if id(s) not in at or at[id(s)] in chosen
     ]
     figures |= plan.figures | {"seconds": plan.seconds, "baseline_seconds": plan.baseline_seconds}
+    if seeded:
+        figures["greedy_seconds"] = _seeds_seconds(choices, seeded, len(timed))
     orchestrated = replace(program, steps=new_steps, constants=dict(program.constants), buffers={}).prepare()
     return orchestrated, _plan_report(graph, [choices[i] for i in chosen.values()], choices, widths, figures)
+
+
+def fused_kernels(program: CompiledProgram, plan: Orchestration) -> list[tuple[tuple[str, ...], Step]]:
+    """The kernels of an orchestrated ``program`` that compute several primitives: the outputs
+    of those primitives (``plan.shared``) and the kernel's step (``orchestrate``'s seeds)."""
+    steps = {s.kernel.output: s for s in program.steps}
+    return [(k.primitives, steps[k.output]) for k in plan.shared if k.output in steps]
+
+
+def _seeded(seeds, timed: list[Step], forms: dict, dtype: str) -> dict[tuple[int, ...], Kernel]:
+    """The seeds whose primitives are all in the graph (``timed``), by their members (positions,
+    in execution order), each seed's form entered in ``forms`` as compiled."""
+    position = {s.kernel.output: i for i, s in enumerate(timed)}
+    seeded = {}
+    for outputs, step in seeds:
+        if len(outputs) > 1 and all(o in position for o in outputs):
+            seeded[tuple(sorted(position[o] for o in outputs))] = step.kernel
+            forms.setdefault(_canonical(step.kernel)[1], step.renamed(_names(step.kernel), dtype))
+    return seeded
+
+
+def _seeds_seconds(choices: list[Choice], seeded, primitives: int) -> float:
+    """The seeds' plan in the BLP's terms: the seeds' measured seconds, and each primitive that
+    no seed computes as its own kernel."""
+    by_members = {c.members: c.seconds for c in choices}
+    covered = {m for members in seeded for m in members}
+    return sum(by_members[members] for members in seeded) + sum(
+        by_members[(p,)] for p in range(primitives) if p not in covered
+    )
 
 
 def _generated_with_epilogue(kernel: Kernel, available: set[str]) -> bool:

@@ -219,6 +219,41 @@ def test_an_unknown_orchestration_is_refused_by_name():
         optimize_program(program, {}, orchestration="fastest")
 
 
+@pytest.mark.parametrize("seeded", [False, True])
+def test_the_greedy_plans_kernels_are_candidates_of_any_size(tmp_path, monkeypatch, seeded):
+    """A chain of four element-wise primitives with candidates of at most two: the BLP alone
+    fuses it in pairs (two kernels); seeded with a kernel that computes all four (as the greedy
+    plan's fusions across subprograms do), it takes that one kernel when the primitives' own
+    kernels are slow (their timing in turns set so). The program computes the same values either way."""
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    n = (16, 16)
+    texts = [
+        ("A", "exp(X[i, j])", "X"),
+        ("B", "2 * A[i, j]", "A"),
+        ("C", "B[i, j] + 1", "B"),
+        ("D", "3 * C[i, j]", "C"),
+    ]
+    steps = [
+        _step(Kernel("eop", out, parse(f"L i:16, j:16 ; {body}", {read: n})), "tvm", "float32")
+        for out, body, read in texts
+    ]
+    program = CompiledProgram(steps, {"X": n})
+    program.measure(db)
+    whole = _step(fused_kernel(Primitives.of([s.kernel for s in steps]), range(4)), "tvm", "float32")
+    seeds = [(("A", "B", "C", "D"), whole)] if seeded else []
+    monkeypatch.setattr(orchestrate_module, "remeasure", _primitives_alone_take(1.0))
+    orchestrated, plan = orchestrate(program, {"D"}, db, max_primitives=2, seeds=seeds)
+    if seeded:
+        assert [k.primitives for k in plan.shared] == [("A", "B", "C", "D")] and len(orchestrated.steps) == 1
+        assert plan.figures["seeded"] == 1 and "1 of them the greedy plan's" in plan.describe()
+        assert plan.figures["greedy_seconds"] == plan.figures["seconds"] < 1.0  # the seed, timed in turns
+    else:
+        assert [k.primitives for k in plan.shared] == [("A", "B"), ("C", "D")] and plan.figures["seeded"] == 0
+        assert "greedy_seconds" not in plan.figures
+    x = np.random.default_rng(0).uniform(-1, 1, n).astype(np.float32)
+    np.testing.assert_allclose(orchestrated(X=x), 3 * (2 * np.exp(x) + 1), rtol=1e-5)
+
+
 def test_a_product_and_its_epilogue_share_a_generated_kernel(tmp_path, monkeypatch):
     """A matched product (here a BLAS call) and the bias and activation after it are one
     candidate, generated as one kernel that runs the activation on each tile of sums; the BLP
