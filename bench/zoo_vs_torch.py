@@ -11,7 +11,8 @@ checked against ``Model.original`` (onnxruntime) and timed in one process, inter
 with the idle settings of bench/vs_torch.py. Adds (or replaces) one row per model and CPU
 (``codegen.measure.cpu_model``) in bench/results/zoo_vs_torch.json (zoo_vs_torch_small.json
 with --small), with the optimized program's kernel medians summed (``vs_torch.kernel_sums``)
-beside its end-to-end time.
+beside its end-to-end time, and the greedy program's time over ours in each round
+(``vs_greedy_rounds``: 10th, 50th and 90th percentiles).
 """
 
 from __future__ import annotations
