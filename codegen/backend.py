@@ -20,6 +20,7 @@ A program is callable on named inputs (``program(**inputs) -> array``) and has `
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
@@ -105,14 +106,17 @@ class CpuBackend:
         """Which primitives of a stitched program share a kernel: the greedy fusion across
         subprogram ``boundaries`` ("greedy"), or Korch's BLP over measured candidates ("blp",
         ``limits``: ``max_primitives``, ``time_limit``) that include the greedy plan's fused
-        kernels, its program then raced end to end against the greedy one's
-        (``faster_end_to_end``). Each
+        kernels (within what ``time_limit`` leaves after the greedy pass), its program then
+        raced end to end against the greedy one's (``faster_end_to_end``). Each
         plan is first raced where its program runs (``race_shared_in_place``, with the
         subprograms' runners-up ``alternatives``), and checked against the stitched program on
         the same inputs (``agreeing``): a plan that computes something else is left out, and
         where none is left the stitched program is returned as it is."""
+        start = time.perf_counter()
         greedy = fuse_boundaries(program, boundaries, self.db, self.tune)
         plans = {"greedy": race_shared_in_place(program, *greedy, alternatives)}
+        if "time_limit" in limits and limits["time_limit"] is not None:  # the greedy pass took its share
+            limits["time_limit"] = max(0.0, limits["time_limit"] - (time.perf_counter() - start))
         if method == "blp":  # the greedy plan's fused kernels among the BLP's candidates
             blp = orchestrate(program, required, self.db, self.tune, seeds=fused_kernels(*greedy), **limits)
             plans = {"blp": race_shared_in_place(program, *blp, alternatives)} | plans
