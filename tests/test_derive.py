@@ -2,15 +2,18 @@
 
 import importlib
 import math
+import time
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from codegen.backend import ReferenceBackend
 from rewriter import conv2d, conv_transpose2d, derive, evaluate, matmul, parse, tensor_shapes
 from rewriter.cases import CASES
-from rewriter.lower import BATCH_MATMUL, CONV2D, G2BMM, GBMM, MATMUL, Kernel, instantiate, match_operator
-from rewriter.pipeline.select import SMALL_TEMPORARY, oversized
+from rewriter.lower import BATCH_MATMUL, CONV2D, G2BMM, GBMM, MATMUL, Candidate, Kernel, instantiate, match_operator
+from rewriter.pipeline.select import SMALL_TEMPORARY, key, oversized
+from rewriter.pipeline.verify import Check
 from rewriter.testing import random_inputs
 from rewriter.testing.strategies import expressions
 
@@ -402,11 +405,11 @@ MONOTONE = {
 }
 
 
-def test_the_identity_is_checked_after_the_levels_not_between_them(monkeypatch):
-    """The identity, the fallback that is always compiled, waits until the levels are done: at
-    full size as written it can take longer than the whole search (a DCGAN's transposed
-    convolution sums over every input pixel), and checked and timed between the levels it left
-    the deeper ones no time."""
+def test_checking_waits_for_the_levels_and_starts_with_the_cheapest_candidate(monkeypatch):
+    """Nothing is checked until every level is searched, and the analytically cheapest
+    candidate of all is checked first: at full size a shallow eOperator runs for seconds, and
+    checked between the levels it spent the budget of the product a deeper level finds (a
+    DCGAN's transposed convolutions)."""
     derive_module = importlib.import_module("rewriter.pipeline.derive")  # (the package names the function so)
     events = []
     levels = derive_module.explore_levels
@@ -418,15 +421,36 @@ def test_the_identity_is_checked_after_the_levels_not_between_them(monkeypatch):
     add = derive_module._Measuring.add
 
     def recorded(self, candidate):
-        events.append("identity" if candidate is self.identity else "candidate")
+        events.append(candidate)
         return add(self, candidate)
 
     monkeypatch.setattr(derive_module, "explore_levels", watched)
     monkeypatch.setattr(derive_module._Measuring, "add", recorded)
     derivation = derive(MONOTONE["convtranspose NCHW"], max_depth=2, backend="reference")
-    assert "candidate" in events[: events.index("levels done")]
-    assert events.index("identity") > events.index("levels done")
+    assert events[0] == "levels done" and len(events) > 2
+    assert events[1].cost == min(c.cost for c in derivation.candidates)
     assert any(c.source is None and [k.kind for k in c.kernels] == ["eop"] for c in derivation.candidates)
+
+
+def test_a_candidate_whose_runs_would_end_past_the_deadline_is_not_checked():
+    """A measuring backend skips a candidate whose analytic cost, times the runs a check and a
+    measurement take, ends past the deadline; the identity (the fallback) is checked anyway.
+    The slow form here sums over a zero-padded range of 2e12 (equal values, 48000 s by the
+    analytic cost): checked, it would never finish."""
+    derive_module = importlib.import_module("rewriter.pipeline.derive")
+    shapes = {"A": (4, 8), "B": (8, 4)}
+    expr = parse("L i:4, j:4 ; S k:8 ; A[i, k] * B[k, j]", shapes)
+    slow = Candidate(
+        [Kernel("eop", "out", parse("L i:4, j:4 ; S k:-1000000000000..1000000000000 ; A[i, k] * B[k, j]", shapes))]
+    )
+    identity = Candidate([Kernel("eop", "out", expr)])
+    timed = ReferenceBackend()
+    timed.measures = True  # a stand-in that measures: deadlines apply to it
+    check = Check(expr, random_inputs(expr, 0), 1e-9)
+    measuring = derive_module._Measuring(timed, check, identity, deadline=time.perf_counter() + 3600)
+    measuring.verify([identity, slow, instantiate(expr)], keep=8)
+    assert [[k.kind for k in p.kernels] for p in measuring.compiled] == [["eop"], ["matmul"]]
+    assert key(slow) not in measuring.checked
 
 
 def _forms(derivation) -> set:

@@ -1,20 +1,23 @@
 """``derive(expr)``: hybrid derivation (OLLIE Algorithm 2) to verified, measured programs.
 
-The search runs level by level (``rewriter.search.explore_levels``), and each level is used
-before the next is searched (anytime): every new state, and the states guided steps reach from
-it (``guide``), is instantiated (``rewriter.lower``: matched operators where the iterator mapping
-tables match, layout eOperators where a split or merged dimension makes one match, eOperators
-elsewhere) into a candidate program; the best few found so far are added again in lighter and
-re-laid-out forms (guided steps); then the best few candidates that are not
-checked yet are run on random inputs and compared with ``evaluate(expr)`` (``verify``), and
+The search runs level by level (``rewriter.search.explore_levels``): every new state, and the
+states guided steps reach from it (``guide``), is instantiated (``rewriter.lower``: matched
+operators where the iterator mapping tables match, layout eOperators where a split or merged
+dimension makes one match, eOperators elsewhere) into a candidate program, and the best few found
+so far are added again in lighter and re-laid-out forms (guided steps). Each level's ranking is
+kept. After the levels, extraction from the e-graph combines the cheapest form of every nested
+scope (``select``); then the best few candidates of the final ranking, and of each level's
+ranking after it, are run on random inputs and compared with ``evaluate(expr)`` (``verify``), and
 those that agree are compiled by the backend (``codegen.backend``), checked again and measured.
-A mismatch is dropped and logged in ``rejected``, never returned. So a deeper ``max_depth``
-never loses what a shallower one verified: its levels start with the shallower search's. The
-identity candidate, the whole expression as one eOperator, is always in the race.
+Checking waits for the search because it costs a candidate's run time: at full size a shallow
+eOperator runs for seconds, and checking it before the next level is searched would spend the
+budget of the product that level finds. A mismatch is dropped and logged in ``rejected``, never
+returned. Without a time limit a deeper ``max_depth`` never loses what a shallower one verified:
+each level's best few are checked. The identity candidate, the whole expression as one
+eOperator, is always in the race.
 
-After the levels: extraction from the e-graph, which combines the cheapest form of every nested scope
-(``select``), with the measured kernel times; the fastest few are timed again in turns before
-the choice.
+Then extraction again with the measured kernel times; the fastest few are timed again in turns
+before the choice.
 """
 
 from __future__ import annotations
@@ -67,14 +70,13 @@ def derive(
 
     ``weights`` names the inputs that are model weights: kernels reading only them are marked for
     compile-time evaluation (post-processing, OLLIE 5.4). ``time_limit`` (seconds, 300 by default,
-    None for no limit) bounds the whole derivation: 60% for the levels (search, candidates,
-    verification and measurement, level by level), the rest for extraction, the lighter forms of
-    what it adds, and the final race (depth 7 on a convolution does not finish in minutes
-    on a small machine). The identity (the expression as one kernel, the fallback) is checked
-    and timed after the levels, so that a slow naive kernel does not take their time. Past the
-    limit only the identity and, if none agreed yet, one more candidate are still compiled, so
-    a naive full-size kernel can overrun it (a DCGAN's transposed convolution as written: 18.5 s
-    a run, checked and timed once each).
+    None for no limit) bounds the whole derivation: the levels (search and candidates) stop at
+    60% of it (depth 7 on a convolution does not finish in minutes on a small machine), and the
+    rest goes to extraction, checking and measuring the candidates, best first by the analytic
+    cost, and the final race. Past the limit only the identity (the expression as one kernel,
+    the fallback) and, if none agreed yet, one more candidate are still compiled, so a naive
+    full-size kernel can overrun it (a DCGAN's transposed convolution as written: 18.5 s a run,
+    checked and timed once each).
 
     ``backend`` (a ``codegen.backend`` object, or its name) compiles and measures the verified
     candidates: ``"cpu"`` (the default, ``CpuBackend()``: BLAS for matched operators, TVM for
@@ -85,9 +87,9 @@ def derive(
         raise ExpressionError(f"derive() takes a Scope, got {type(expr).__name__}")
     backend = as_backend(backend)
     started = time.perf_counter()
-    # levels (search, instantiation, verification and measurement, level by level) take 60% of
-    # the time budget; extraction from the e-graph and the final race the rest (at full size a
-    # naive kernel takes seconds to compile and time)
+    # the levels (search and instantiation) take 60% of the time budget at most; checking,
+    # measuring and the final race the rest (at full size a naive kernel takes seconds to
+    # compile and time)
     deadline = None if time_limit is None else started + time_limit
     levels_until = None if time_limit is None else started + 0.6 * time_limit
     identity = Candidate(mark_weight_only([Kernel("eop", "out", expr)], weights))  # its weights timed cold
@@ -99,6 +101,7 @@ def derive(
     check = Check(expr, inputs, rtol, sampled=terms(expr) > FULL_CHECK_TERMS, rng=rng)
     measuring = _Measuring(backend, check, identity, deadline)
     seen: set = set()
+    rankings: list[list[Candidate]] = []  # each level's, checked after the final one
     levels = explore_levels(expr, max_depth, time_limit=time_limit and 0.6 * time_limit, max_states=max_states)
     exploration = None
     try:
@@ -113,11 +116,8 @@ def derive(
                     if candidate is not None:
                         candidate.source = derived
                         found.setdefault(key(candidate), candidate)
-            # half of what is left of the levels' time at most: slow shallow candidates (whole
-            # seconds a run at full size) must not leave the deeper levels none
-            until = None if levels_until is None else (time.perf_counter() + levels_until) / 2
             _add_lighter_forms(found, keep, guide, weights, identity, expr, as_given)
-            measuring.verify(diverse(sorted(found.values(), key=lambda c: c.cost)), keep, identity=False, until=until)
+            rankings.append(diverse(sorted(found.values(), key=lambda c: c.cost)))
             if exploration.stats.stop_reason == "time":
                 break
     except KeyboardInterrupt:  # Ctrl-C: what was found so far is still verified and returned
@@ -129,7 +129,8 @@ def derive(
     if extracted and (candidate := admitted(extracted, identity, expr)):
         found.setdefault(key(candidate), candidate)
     _add_lighter_forms(found, keep, guide, weights, identity, expr, as_given)
-    measuring.verify(diverse(sorted(found.values(), key=lambda c: c.cost)), keep)
+    for ranking in [diverse(sorted(found.values(), key=lambda c: c.cost)), *reversed(rankings)]:
+        measuring.verify(ranking, keep)
     programs = measuring.finish(extraction if backend.measures else None)
     return Derivation(expr, programs, exploration.stats, check.rejected)
 
@@ -137,7 +138,7 @@ def derive(
 def _add_lighter_forms(found: dict, keep: int, guide: Guide, weights, identity, expr: Scope, as_given) -> None:
     """The best ``keep`` of ``found`` again, added to it: with lighter eOperators, and with
     their operands re-laid out for larger GEMMs. After every level, so that a deeper search
-    starts with every form a shallower one verified."""
+    starts with every form a shallower one found."""
     for candidate in diverse(sorted(found.values(), key=lambda c: c.cost))[:keep]:
         source = State(expr, (), fingerprint(expr)) if candidate is as_given else candidate.source
         if source is None:
@@ -156,19 +157,23 @@ EXTRACTION_ROUNDS = 3
 # The fastest few compiled programs have their kernels timed again, in turns, before the
 # choice: their first timings were taken at different times (``Backend.remeasure``).
 RACE = 3
+# Runs of a candidate that checking and measuring it take at least: the compiled check, two
+# warm-up runs and a timed one.
+RUNS_TO_VERIFY = 4
 
 
 class _Measuring:
-    """The candidates of a derivation checked, compiled and measured as they come, level by
-    level: what a shallower search verified and measured is never lost to a deeper one.
+    """The candidates of a derivation checked, compiled and measured: the final ranking's best
+    few, then each level's (so without a time limit a deeper search keeps what a shallower one
+    verified and measured).
 
     ``verify`` checks the first ``keep`` candidates of a ranking that are not checked yet
     against the reference (the identity always) and compiles each that agrees with the
-    ``backend``, checks the compiled program again and measures it. Past the ``deadline`` a
-    measuring backend compiles only the ``identity`` (the never-slower fallback) and, if none
-    agreed yet, the next candidate: at full size one naive kernel takes seconds to compile and
-    time. A candidate or compiled program that disagrees is dropped and its rule path logged in
-    ``check.rejected``."""
+    ``backend``, checks the compiled program again and measures it. A measuring backend skips a
+    candidate whose analytic cost says its runs would end past the ``deadline`` (at full size
+    one naive kernel runs for seconds), except the ``identity`` (the never-slower fallback) and,
+    if none agreed yet, the next candidate. A candidate or compiled program that disagrees is
+    dropped and its rule path logged in ``check.rejected``."""
 
     def __init__(self, backend: Backend, check: Check, identity: Candidate, deadline: float | None):
         self.backend, self.check, self.identity, self.deadline = backend, check, identity, deadline
@@ -176,30 +181,25 @@ class _Measuring:
         self.checked: dict[tuple, bool] = {}  # candidate key -> agreed with the reference
         self.shapes = {name: value.shape for name, value in check.inputs.items()}
 
-    def verify(self, ranked: list[Candidate], keep: int, identity: bool = True, until: float | None = None) -> None:
-        """``identity`` False: the identity waits for a later call (checked and timed between
-        the levels, a DCGAN's transposed convolution as written, summing over every input pixel
-        at 18.5 s a run, took the time of every level after the first). Past ``until`` (a
-        ``perf_counter`` time) no further candidate is checked once one has been compiled: the
-        rest wait for a later call."""
+    def verify(self, ranked: list[Candidate], keep: int) -> None:
         agreed = 0
         for candidate in ranked:
-            if candidate is self.identity and not identity:
-                continue
-            if until is not None and self.compiled and time.perf_counter() > until:
-                return
             if agreed >= keep and candidate is not self.identity:
                 continue
             if key(candidate) not in self.checked:
+                if self._overruns(candidate):
+                    continue
                 self.checked[key(candidate)] = self.check.sampled or self.check.reference(candidate)
                 if self.checked[key(candidate)]:  # sampled: the compiled program is checked
                     self.add(candidate)
             agreed += self.checked[key(candidate)]
 
+    def _overruns(self, candidate: Candidate) -> bool:
+        if not self.backend.measures or self.deadline is None or candidate is self.identity or not self.compiled:
+            return False
+        return time.perf_counter() + RUNS_TO_VERIFY * candidate.cost > self.deadline
+
     def add(self, candidate: Candidate) -> None:
-        late = self.backend.measures and self.deadline is not None and time.perf_counter() > self.deadline
-        if late and self.compiled and candidate is not self.identity:
-            return
         program = self.backend.compile(candidate, self.shapes)
         if self.check.compiled(candidate, program, self.backend.tolerance):
             self.backend.measure(program)
