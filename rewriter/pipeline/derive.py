@@ -168,7 +168,7 @@ class _Measuring:
     verified and measured).
 
     ``verify`` checks the first ``keep`` candidates of a ranking that are not checked yet
-    against the reference (the identity always) and compiles each that agrees with the
+    against the reference (the identity always, besides them) and compiles each that agrees with the
     ``backend``, checks the compiled program again and measures it. A measuring backend skips a
     candidate whose analytic cost says its runs would end past the ``deadline`` (at full size
     one naive kernel runs for seconds), except the ``identity`` (the never-slower fallback) and,
@@ -192,7 +192,7 @@ class _Measuring:
                 self.checked[key(candidate)] = self.check.sampled or self.check.reference(candidate)
                 if self.checked[key(candidate)]:  # sampled: the compiled program is checked
                     self.add(candidate)
-            agreed += self.checked[key(candidate)]
+            agreed += self.checked[key(candidate)] and candidate is not self.identity
 
     def _overruns(self, candidate: Candidate) -> bool:
         if not self.backend.measures or self.deadline is None or candidate is self.identity or not self.compiled:
