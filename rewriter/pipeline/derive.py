@@ -73,10 +73,11 @@ def derive(
     None for no limit) bounds the whole derivation: the levels (search and candidates) stop at
     60% of it (depth 7 on a convolution does not finish in minutes on a small machine), and the
     rest goes to extraction, checking and measuring the candidates, best first by the analytic
-    cost, and the final race. Past the limit only the identity (the expression as one kernel,
-    the fallback) and, if none agreed yet, one more candidate are still compiled, so a naive
-    full-size kernel can overrun it (a DCGAN's transposed convolution as written: 18.5 s a run,
-    checked and timed once each).
+    cost, and the final race. A candidate whose analytic cost says its check and measurement
+    would end past the limit is skipped, except the identity (the expression as one kernel, the
+    fallback) and, if none agreed yet, one more candidate, so a naive full-size kernel can
+    overrun it (a DCGAN's transposed convolution as written: 18.5 s a run, checked and timed
+    once each).
 
     ``backend`` (a ``codegen.backend`` object, or its name) compiles and measures the verified
     candidates: ``"cpu"`` (the default, ``CpuBackend()``: BLAS for matched operators, TVM for
