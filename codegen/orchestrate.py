@@ -172,7 +172,7 @@ def orchestrate(
         graph,
         lambda i: timed[i].kernel.kind == "eop",
         max_primitives,
-        linear=lambda i: _joins_as_generated(timed[i].kernel, available),
+        linear=lambda i: _generated_with_epilogue(timed[i].kernel, available),
     )
     found += sorted(set(seeded) - set(found))
     # SIRIUS's widths order what is measured first (a time limit leaves out the last): a
@@ -261,11 +261,10 @@ def _seeds_seconds(choices: list[Choice], seeded, primitives: int) -> float:
     )
 
 
-def _joins_as_generated(kernel: Kernel, available: set[str]) -> bool:
+def _generated_with_epilogue(kernel: Kernel, available: set[str]) -> bool:
     """A matched operator (a product, a convolution) may join a candidate as a generated kernel
-    with its producers' work before it or the element-wise work after it, where everything it
-    reads is at hand at run time (a library call may read a weight only in its own prepared
-    layout)."""
+    with the element-wise work after it, where everything it reads is at hand at run time (a
+    library call may read a weight only in its own prepared layout)."""
     return kernel.kind not in ("eop", "opaque") and set(tensor_shapes(kernel.expr)) <= available
 
 

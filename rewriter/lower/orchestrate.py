@@ -4,9 +4,9 @@ linear program over measured candidate kernels.
 The primitive graph is a program's kernels in execution order (each one ``output = expr``): a
 primitive reads the outputs of earlier ones. A *candidate kernel* is a convex set of eOperator
 primitives with one output (Korch Theorem 1: the difference of two execution states), and at
-most one linear primitive whose prologue or epilogue they compute, computed as one eOperator:
-its members inlined into its output primitive (``fusion.fuse``). A member may also be computed
-by another kernel: a primitive computed twice (Korch Figure 4c) is the price of
+most one linear primitive whose epilogue they compute, computed as one eOperator: its members
+inlined into its output primitive (``fusion.fuse``). A member may
+also be computed by another kernel: a primitive computed twice (Korch Figure 4c) is the price of
 not writing its result to memory.
 
 Korch enumerates execution states by depth-first search and takes differences of nested
@@ -85,11 +85,10 @@ def convex_candidates(
 ) -> list[tuple[int, ...]]:
     """Every convex set of at most ``max_primitives`` primitives, two or more, whose only output
     is its last primitive: grown from a ``fusible`` primitive, one producer at a time. Members
-    are ``fusible``, except at most one ``linear`` primitive (a product computed in the kernel),
-    which is never the output: the work after it is its epilogue, and its own producers may
-    join as its prologue (an expansion computed in the kernel of the depthwise convolution
-    that reads it; Korch Figure 2's softmax in the kernel of the product after it). Each is a
-    tuple of positions in execution order (the output last)."""
+    are ``fusible``, except at most one ``linear`` primitive (a product computed in the kernel
+    with the element-wise work after it, its epilogue), which is never the output and is not
+    grown from: every member is read by a member that is not linear. Each is a tuple of
+    positions in execution order (the output last)."""
     found: list[tuple[int, ...]] = []
     for sink in range(len(graph.kernels)):
         if not fusible(sink):
@@ -100,6 +99,8 @@ def convex_candidates(
             for members in level:
                 has_linear = any(linear(m) for m in members)
                 for m in members:
+                    if linear(m):
+                        continue
                     for p in graph.producers[m]:
                         bigger = members | {p}
                         allowed = fusible(p) or (linear(p) and not has_linear)
