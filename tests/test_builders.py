@@ -34,6 +34,7 @@ from rewriter.ir.builders import (
     sub,
     tanh,
     unary,
+    where,
 )
 
 
@@ -359,6 +360,20 @@ def test_binary_broadcasts_like_numpy(builder, reference, shapes):
 def test_binary_with_a_constant():
     out, x = run(binary("-", 1.5, (2, 3)))
     np.testing.assert_allclose(out, 1.5 - x["A"])
+
+
+def test_where_chooses_exactly_even_past_an_infinity_it_does_not_choose():
+    """``c * a + (1 - c) * b`` would make ``0 * inf``, a NaN, where the branch not chosen is
+    infinite (a log of 0: T5's position buckets); a chosen infinity is the largest float32."""
+    c = np.array([1.0, 0.0, 1.0, 0.0])
+    a = np.array([2.5, -np.inf, np.inf, 7.0])
+    b = np.array([-np.inf, 3.0, 1.0, np.inf])
+    out = evaluate(where((4,), (4,), (4,)), {"C": c, "A": a, "B": b})
+    np.testing.assert_array_equal(out, [2.5, 3.0, np.finfo(np.float32).max, np.finfo(np.float32).max])
+    out = evaluate(where((4,), (4,), -np.inf), {"C": c, "A": a})
+    np.testing.assert_array_equal(
+        out, [2.5, -np.finfo(np.float32).max, np.finfo(np.float32).max, -np.finfo(np.float32).max]
+    )
 
 
 @pytest.mark.parametrize("axes", [0, 1, -1, (0, 2), (2, 0), None, ()])

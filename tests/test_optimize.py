@@ -66,6 +66,12 @@ def test_definitions_of_weights_alone_are_evaluated_once_and_read_as_weights(tmp
     np.testing.assert_array_equal(values["C"], weights["B"])
     np.testing.assert_allclose(values["T"], 2 * weights["W"].T)
     assert values["T"].dtype == np.float32
+    # integer weights are data like any other here: a division of them folds to its fraction
+    distances = parse_program(
+        "D = L i:4 ; log(P[i] / 8)\nY = L i:4 ; X[0, i] + D[i]\nreturn Y", {"P": (4,), "X": (6, 5)}
+    )
+    values = fold_weights(distances, {"P": np.array([8, 12, 16, 24])})[1]
+    np.testing.assert_allclose(values["D"], np.log([1.0, 1.5, 2.0, 3.0]))
     output_of_weights = parse_program("C = L j:4 ; B[j]\nreturn C", {"B": (4,)})
     assert fold_weights(output_of_weights, weights)[0] == output_of_weights  # an output is computed
     optimized = optimize_program(program, weights, max_depth=1)

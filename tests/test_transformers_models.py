@@ -2,7 +2,7 @@
 downloads), exported as users export them (``torch.onnx.export``; ``torch.export``), imported,
 optimized end to end and compared with onnxruntime and with the module itself.
 
-The text models (BERT, GPT-2, RoBERTa) take integer token ids: their token embedding is an
+The text models (BERT, GPT-2, RoBERTa, T5's encoder) take integer token ids: their token embedding is an
 opaque gather (indices known only at run time) and the rest of the model is derived around it.
 wav2vec2 reads a raw waveform (1-D convolutions, group norm).
 """
@@ -59,6 +59,20 @@ CONFIGS = {
     "roberta": lambda: T.RobertaModel(
         T.RobertaConfig(**ENCODER, vocab_size=100, max_position_embeddings=64), add_pooling_layer=False
     ),
+    # relative position buckets: a log of 0 in the branch a Where does not choose, casts to
+    # integers, a gather of the bias table by the buckets
+    "t5": lambda: T.T5EncoderModel(
+        T.T5Config(
+            vocab_size=100,
+            d_model=32,
+            d_kv=16,
+            d_ff=64,
+            num_layers=1,
+            num_heads=2,
+            relative_attention_num_buckets=8,  # buckets past distance 2 are logarithmic: 8 tokens reach them
+            relative_attention_max_distance=16,
+        )
+    ),
     "wav2vec2": lambda: T.Wav2Vec2Model(
         T.Wav2Vec2Config(
             **ENCODER,
@@ -70,7 +84,7 @@ CONFIGS = {
         )
     ),  # 1-D convolutions and a group norm over raw audio
 }
-TEXT = {"bert", "gpt2", "roberta"}  # they read token ids, wav2vec2 a waveform, the others an image
+TEXT = {"bert", "gpt2", "roberta", "t5"}  # they read token ids, wav2vec2 a waveform, the others an image
 
 
 class FirstOutput(torch.nn.Module):

@@ -729,11 +729,26 @@ def compare(op: str, a: Operand | float, b: Operand | float) -> Scope:
 @_builder("where")
 def where(condition: Operand | float, a: Operand | float, b: Operand | float) -> Scope:
     """``a`` where ``condition`` (a 0/1 mask) is 1, ``b`` where it is 0, with broadcasting:
-    ``c * a + (1 - c) * b``, exact for finite values (default names C, A, B)."""
+    ``c * a' + (1 - c) * b'``, with a' and b' a and b clamped to the largest finite float32
+    (default names C, A, B). Exact for finite values; an infinity chosen comes out as
+    +-3.4e38, and one not chosen no longer makes ``0 * inf``, a NaN (T5's relative position
+    buckets take ``log(0)`` where the other branch is chosen)."""
     values = _elementwise_operands([("condition", condition, "C"), ("a", a, "A"), ("b", b, "B")])
     if not any(isinstance(v, _Operand) for v in values):
         raise ExpressionError("at least one operand must be a tensor, a scope or a shape")
-    return _map(lambda c, x, y: c * x + (Num(1.0) - c) * y, values)
+    c, *branches = values
+    values = [c, *(min(max(v, -FLOAT32_MAX), FLOAT32_MAX) if isinstance(v, float) else v for v in branches)]
+    return _map(lambda c, x, y: c * _finite(x) + (Num(1.0) - c) * _finite(y), values)
+
+
+FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
+
+
+def _finite(value: Scalar) -> Scalar:
+    """``value`` clamped to the finite float32 range (a constant is clamped already)."""
+    if isinstance(value, Num):
+        return value
+    return Binary("min", Binary("max", value, Num(-FLOAT32_MAX)), Num(FLOAT32_MAX))
 
 
 @_builder("clip")

@@ -200,7 +200,9 @@ def fold_weights(program: Program, weights: Mapping[str, np.ndarray]) -> tuple[P
         reads = tensor_shapes(expr)
         if isinstance(expr, Scope) and name not in program.outputs and set(reads) <= set(folded):
             values = {n: folded[n] for n in reads}
-            dtype = np.result_type(*values.values()) if values else np.float32
+            # float: a program's values are (integer data included: a Cast to float before a
+            # division and a log is no cast here), so integer weights fold to float64, exactly
+            dtype = np.result_type(*values.values(), np.float32)
             folded[name] = evaluate(expr, values).astype(dtype)
         else:
             kept.append((name, expr))
