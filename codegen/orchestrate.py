@@ -184,6 +184,8 @@ def orchestrate(
     new_forms = {}  # a form not seen yet -> its canonical kernel, a kernel of that form, its primitives apart
     for members in found:
         kernel = seeded.get(members) or fused_kernel(graph, members)
+        if kernel is None:  # it would be too large a tree to walk (``fusion.MAX_TREE_SCOPES``)
+            continue
         canonical, key = _canonical(kernel)
         candidates.append((members, kernel, key))
         if key not in forms and key not in new_forms:

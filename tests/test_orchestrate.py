@@ -18,6 +18,7 @@ from codegen.tvm_kernel import lower_to_te
 from rewriter import evaluate, parse, parse_program
 from rewriter.ir import ExpressionError, nested_scopes, tensor_shapes
 from rewriter.lower import Kernel, match_operator
+from rewriter.lower.fusion import MAX_TREE_SCOPES, fuse, fusion_pairs, tree_scopes
 from rewriter.lower.orchestrate import Choice, Primitives, blp_constraints, convex_candidates, fused_kernel, solve
 from rewriter.pipeline import optimize_program
 
@@ -86,6 +87,29 @@ def test_the_fused_kernel_computes_its_primitives():
     p0 = x
     p1 = x + p0
     np.testing.assert_allclose(evaluate(kernel.expr, {"X": x}), x + p0 + p1)
+
+
+def test_fusion_stops_before_a_kernel_grows_too_large_a_tree():
+    """Each kernel reads its producer twice, so k of them fused hold 2^k - 1 scopes as a tree
+    (a walk by position visits every copy): pairs stop being offered, and candidates being
+    built, before ``MAX_TREE_SCOPES``; the kernels fused so far compute the same values."""
+    kernels = [Kernel("eop", "P0", parse("L i:4 ; exp(X[i])", {"X": (4,)}))]
+    for k in range(1, 14):
+        square = parse(f"L i:4 ; P{k - 1}[i] * P{k - 1}[i] - 1", {f"P{k - 1}": (4,)})
+        kernels.append(Kernel("eop", f"P{k}", square))
+    chain = list(kernels)
+    while pairs := fusion_pairs(kernels):
+        producer, consumer = pairs[0]
+        kernels[consumer] = fuse(kernels[producer], kernels[consumer])
+        del kernels[producer]
+    assert len(kernels) == 2 and all(tree_scopes(k.expr) <= MAX_TREE_SCOPES for k in kernels)
+    assert fused_kernel(Primitives.of(chain), range(len(chain))) is None
+    x = np.linspace(-1, 1, 4)
+    want = np.exp(x)
+    for _ in range(1, 14 - 4):
+        want = want * want - 1
+    assert kernels[0].output == "P9"
+    np.testing.assert_allclose(evaluate(kernels[0].expr, {"X": x}), want)
 
 
 def _choices(graph: Primitives, seconds: dict[tuple[int, ...], float]) -> list[Choice]:

@@ -19,16 +19,52 @@ a stitched program (``orchestrate``,         convex sets of eOperators with    a
 ``codegen.orchestrate``; Korch)              one output (convex_candidates)    over measured, checked
                                                                                candidate kernels
 ===========================================  ================================  =========================
+
+The last two make no kernel whose scopes, counted as a tree, pass ``MAX_TREE_SCOPES``.
 """
 
 from __future__ import annotations
 
 import math
 
-from rewriter.ir import Access, Lit, Scope, Tensor, inline, nested_scopes, scopes_at, tensor_shapes
+from rewriter.ir import Access, Lit, Scope, Tensor, accesses, inline, nested_scopes, scopes_at, tensor_shapes
 
 from .kernels import Kernel
 from .operators import match_operator
+
+# A fused kernel's scopes counted as a tree: a producer read k times is inlined k times, and the
+# code that walks a kernel by position (``scopes_at``: matching its product, its layouts) walks
+# every copy. MobileViT's reshapes and layer norms, fused pair by pair, grew so that the greedy
+# pass spent minutes in one fusion and did not end; BERT's largest fused kernel holds 260.
+MAX_TREE_SCOPES = 1024
+
+
+def tree_scopes(expr: Scope) -> int:
+    """The scopes of ``expr`` counted as a tree (a nested scope read twice counts twice)."""
+    return _tree_counts(expr, "", {})[0]
+
+
+def fusible_size(producer: Kernel, consumer: Kernel) -> bool:
+    """Whether ``fuse(producer, consumer)`` holds at most ``MAX_TREE_SCOPES`` scopes as a tree
+    (counted without building it: each read of the producer becomes a copy of it)."""
+    if not isinstance(producer.expr, Scope) or not isinstance(consumer.expr, Scope):
+        return True
+    scopes, reads = _tree_counts(consumer.expr, producer.output, {})
+    return scopes + reads * tree_scopes(producer.expr) <= MAX_TREE_SCOPES
+
+
+def _tree_counts(expr: Scope, name: str, memo: dict) -> tuple[int, int]:
+    """(scopes, reads of tensor ``name``) in ``expr`` counted as a tree, each distinct scope once."""
+    if expr not in memo:
+        scopes, reads = 1, 0
+        for access in accesses(expr.body):
+            if isinstance(access.source, Scope):
+                inner = _tree_counts(access.source, name, memo)
+                scopes, reads = scopes + inner[0], reads + inner[1]
+            else:
+                reads += access.source.name == name
+        memo[expr] = (scopes, reads)
+    return memo[expr]
 
 
 def fuse(producer: Kernel, consumer: Kernel) -> Kernel:
@@ -68,12 +104,14 @@ def readers(kernels: list[Kernel], name: str) -> list[int]:
 
 def fusion_pairs(kernels: list[Kernel]) -> list[tuple[int, int]]:
     """(producer, consumer) positions where an eOperator is read by exactly one later kernel,
-    itself an eOperator: the pairs eOperator fusion may merge."""
+    itself an eOperator, and the two fused stay within ``MAX_TREE_SCOPES``: the pairs eOperator
+    fusion may merge."""
     pairs = []
     for index, producer in enumerate(kernels[:-1]):
         read_by = readers(kernels, producer.output)
         if producer.kind == "eop" and len(read_by) == 1 and kernels[read_by[0]].kind == "eop":
-            pairs.append((index, read_by[0]))
+            if fusible_size(producer, kernels[read_by[0]]):
+                pairs.append((index, read_by[0]))
     return pairs
 
 

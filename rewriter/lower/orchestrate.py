@@ -37,7 +37,7 @@ from scipy.sparse import coo_array
 from rewriter.ir import tensor_shapes
 
 from .dependence import WIDTHS, width
-from .fusion import fuse
+from .fusion import fuse, fusible_size
 from .kernels import Kernel
 
 
@@ -130,11 +130,14 @@ def widest(widths: Sequence[tuple[str, str, str]]) -> int:
     return max((WIDTHS.index(w) for _, _, w in widths), default=0)
 
 
-def fused_kernel(graph: Primitives, members: Sequence[int]) -> Kernel:
-    """The eOperator computing ``members``' last primitive with the others inlined into it."""
+def fused_kernel(graph: Primitives, members: Sequence[int]) -> Kernel | None:
+    """The eOperator computing ``members``' last primitive with the others inlined into it;
+    None where it would grow past ``fusion.MAX_TREE_SCOPES``."""
     kernel = graph.kernels[members[-1]]
     for m in reversed(members[:-1]):
         if graph.kernels[m].output in tensor_shapes(kernel.expr):
+            if not fusible_size(graph.kernels[m], kernel):
+                return None
             kernel = fuse(graph.kernels[m], kernel)
     return kernel
 
