@@ -46,6 +46,7 @@ from rewriter.ir import (
     Var,
 )
 from rewriter.ir.builders import (
+    FLOAT32_MAX,
     absolute,
     add,
     batch_matmul,
@@ -528,10 +529,6 @@ def _ones(shape: Sequence[int]) -> Scope:
     return Scope(iterators(shape), (), Num(1.0))
 
 
-# Max pooling pads with -inf; a padded read is float32's lowest finite value instead.
-_FLT_MAX = float(np.finfo(np.float32).max)
-
-
 # --------------------------------------------------------------------------------------------
 # Handlers: convolutions and pooling
 
@@ -649,8 +646,8 @@ def _pool(kind: str):
         window = (Iterator("r", 0, kernel[0]), Iterator("s", 0, kernel[1]))
         read = x[Var("n"), Var("c"), rows, cols]
         padded = any(b or e for b, e in pads)
-        if kind == "max":
-            body = read + (_ones(x.shape[2:])[rows, cols] - 1.0) * _FLT_MAX if padded else read
+        if kind == "max":  # ONNX pads with -inf; a padded read is float32's lowest finite value instead
+            body = read + (_ones(x.shape[2:])[rows, cols] - 1.0) * FLOAT32_MAX if padded else read
             return Scope(traversal, window, body, "max")
         if padded and not node.attr("count_include_pad", 0):
             count = Scope(traversal[2:], window, _ones(x.shape[2:])[rows, cols])

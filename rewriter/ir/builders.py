@@ -726,6 +726,9 @@ def compare(op: str, a: Operand | float, b: Operand | float) -> Scope:
     return binary(op, a, b)
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
+
+
 @_builder("where")
 def where(condition: Operand | float, a: Operand | float, b: Operand | float) -> Scope:
     """``a`` where ``condition`` (a 0/1 mask) is 1, ``b`` where it is 0, with broadcasting:
@@ -739,9 +742,6 @@ def where(condition: Operand | float, a: Operand | float, b: Operand | float) ->
     c, *branches = values
     values = [c, *(min(max(v, -FLOAT32_MAX), FLOAT32_MAX) if isinstance(v, float) else v for v in branches)]
     return _map(lambda c, x, y: c * _finite(x) + (Num(1.0) - c) * _finite(y), values)
-
-
-FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
 
 
 def _finite(value: Scalar) -> Scalar:
