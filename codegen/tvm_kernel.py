@@ -508,6 +508,8 @@ class _Lowering:
                 holds = {"less": a < b, "less_equal": a <= b, "greater": a > b, "greater_equal": a >= b}.get(op)
                 holds = tvm.tirx.EQ(a, b) if op == "equal" else holds
                 return tvm.tirx.Select(holds, tvm.tirx.const(1.0, self.dtype), self.zero)
+            case "select":
+                return tvm.tirx.Select(tvm.tirx.NE(a, self.zero), b, self.zero)
         raise CodegenError(f"unknown operator {op!r}")
 
     # -- reads

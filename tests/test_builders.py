@@ -1,6 +1,7 @@
 """Builders: each against numpy / PyTorch / explicit loops, exact printed text, round trips,
 and the errors that name the problem."""
 
+import functools
 import re
 
 import numpy as np
@@ -10,9 +11,11 @@ from rewriter import ExpressionError, Scope, Tensor, evaluate, parse
 from rewriter.cases import CASES
 from rewriter.ir import tensor_shapes
 from rewriter.ir.builders import (
+    absolute,
     add,
     batch_matmul,
     binary,
+    compare,
     conv2d,
     conv_transpose2d,
     div,
@@ -26,6 +29,7 @@ from rewriter.ir.builders import (
     mul,
     reduce_max,
     reduce_mean,
+    reduce_norm,
     reduce_sum,
     relu,
     sigmoid,
@@ -362,24 +366,38 @@ def test_binary_with_a_constant():
     np.testing.assert_allclose(out, 1.5 - x["A"])
 
 
-def test_where_chooses_exactly_even_past_an_infinity_it_does_not_choose():
-    """``c * a + (1 - c) * b`` would make ``0 * inf``, a NaN, where the branch not chosen is
-    infinite (a log of 0: T5's position buckets); a chosen infinity is the largest float32."""
-    c = np.array([1.0, 0.0, 1.0, 0.0])
-    a = np.array([2.5, -np.inf, np.inf, 7.0])
-    b = np.array([-np.inf, 3.0, 1.0, np.inf])
-    out = evaluate(where((4,), (4,), (4,)), {"C": c, "A": a, "B": b})
-    np.testing.assert_array_equal(out, [2.5, 3.0, np.finfo(np.float32).max, np.finfo(np.float32).max])
-    out = evaluate(where((4,), (4,), -np.inf), {"C": c, "A": a})
-    np.testing.assert_array_equal(
-        out, [2.5, -np.finfo(np.float32).max, np.finfo(np.float32).max, -np.finfo(np.float32).max]
-    )
+def test_where_chooses_exactly_even_past_an_infinity_or_a_nan_it_does_not_choose():
+    """``c * a + (1 - c) * b`` would make ``0 * inf`` or ``0 * nan``, a NaN, where the branch not
+    chosen is infinite (a log of 0: T5's position buckets) or undefined (``n / d`` at ``d = 0``);
+    ``select`` keeps the branch chosen exactly, an infinity too. A constant is finite: a ``-inf``
+    fill is the lowest float32."""
+    c = np.array([1.0, 0.0, 1.0, 0.0, 1.0])
+    a = np.array([2.5, -np.inf, np.inf, np.nan, -0.0])
+    b = np.array([np.nan, 3.0, 1.0, -np.inf, np.inf])
+    out = evaluate(where((5,), (5,), (5,)), {"C": c, "A": a, "B": b})
+    np.testing.assert_array_equal(out, [2.5, 3.0, np.inf, -np.inf, 0.0])
+    out = evaluate(where((5,), (5,), -np.inf), {"C": c, "A": a})
+    lowest = -np.finfo(np.float32).max
+    np.testing.assert_array_equal(out, [2.5, lowest, np.inf, lowest, 0.0])
+
+
+def test_a_safe_division_is_zero_where_the_divisor_is():
+    n, d = Tensor("n", (4,)), Tensor("d", (4,))
+    safe = where(compare("greater", absolute(d), 0.0), div(n, d), 0.0)
+    assert "select(" in str(safe) and parse(str(safe), {"n": (4,), "d": (4,)}) == safe
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = evaluate(safe, {"n": np.array([0.0, 1.0, 2.0, 3.0]), "d": np.array([0.0, 0.0, 2.0, 4.0])})
+    np.testing.assert_array_equal(out, [0.0, 0.0, 1.0, 0.75])
 
 
 @pytest.mark.parametrize("axes", [0, 1, -1, (0, 2), (2, 0), None, ()])
 @pytest.mark.parametrize("keepdims", [False, True])
 def test_reductions(axes, keepdims):
-    for builder, reference in ((reduce_sum, np.sum), (reduce_max, np.max), (reduce_mean, np.mean)):
+    l1 = functools.partial(reduce_norm, ord=1)
+    l1_reference = lambda a, **kw: np.abs(a).sum(**kw)  # noqa: E731
+    l2_reference = lambda a, **kw: np.sqrt((a * a).sum(**kw))  # noqa: E731
+    builders = [(reduce_sum, np.sum), (reduce_max, np.max), (reduce_mean, np.mean)]
+    for builder, reference in builders + [(reduce_norm, l2_reference), (l1, l1_reference)]:
         expr = builder((2, 3, 4), axes, keepdims=keepdims)
         out, x = run(expr)
         np.testing.assert_allclose(out, reference(x["A"], axis=axes, keepdims=keepdims))
@@ -503,6 +521,7 @@ def test_every_builder_round_trips(make):
         (lambda: reduce_sum((2, 3), 2), "reduce_sum: axis 2 is out of range for rank 2"),
         (lambda: reduce_max((2, 3), (0, -2)), "reduce_max: axis -2 is repeated"),
         (lambda: reduce_mean((2, 3), 1.0), "reduce_mean: axis 1.0 is not an integer"),
+        (lambda: reduce_norm((2, 3), 1, ord=3), "reduce_norm: ord 3 is not 1 or 2"),
         (lambda: softmax((2, 3), (0, 1)), "softmax: softmax takes a single axis"),
         (lambda: layer_norm((2, 3, 4), (0, 1)), "layer_norm: axes (0, 1) must be the trailing axes"),
         (lambda: layer_norm((2, 3), weight=(2,)), "layer_norm: weight W has shape (2,), the normalised shape is (3,)"),

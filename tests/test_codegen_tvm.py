@@ -99,6 +99,20 @@ def test_public_operators_at_small_sizes(name):
     assert_matches(expr, random_inputs(expr, 1), dtype="float32")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_compiled_select_passes_the_chosen_value_exactly_and_never_the_other(dtype):
+    """``where`` compiles to selects: an infinity chosen stays infinite, a NaN not chosen is gone."""
+    expr = parse("L i:6 ; select(C[i], A[i]) + select(1 - C[i], B[i])", {"A": (6,), "B": (6,), "C": (6,)})
+    inputs = {
+        "C": np.array([1, 0, 1, 0, 1, 0], dtype),
+        "A": np.array([2.5, np.nan, np.inf, -np.inf, -1.0, 4.0], dtype),
+        "B": np.array([np.nan, 3.0, 1.0, 7.0, np.inf, -np.inf], dtype),
+    }
+    expected = [2.5, 3.0, np.inf, 7.0, -1.0, -np.inf]
+    np.testing.assert_array_equal(evaluate(expr, inputs), expected)
+    np.testing.assert_array_equal(compiled(expr, inputs, dtype), np.array(expected, dtype))
+
+
 def test_matmul_chain_case_at_full_size():
     expr = CASES["matmul_chain"].expression()
     assert_matches(expr, random_inputs(expr, 2), dtype="float32")

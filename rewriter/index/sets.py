@@ -410,7 +410,7 @@ def _support_condition(body: Scalar, box: Mapping[str, tuple[int, int]]):
     constraint (isl's parser costs about 40 us per constraint, and most reads are such).
 
     An access is non-zero only inside its source (a nested scope: inside its own padding
-    support); ``*`` intersects, ``+ - max min less greater`` unite, ``neg relu tanh sqrt erf abs
+    support); ``*`` and ``select`` intersect, ``+ - max min less greater`` unite, ``neg relu tanh sqrt erf abs
     floor ceil``, a positive constant power and division by a non-zero constant keep the support
     (f(0) = 0); a zero constant is nowhere, anything else anywhere.
     """
@@ -428,7 +428,7 @@ def _support_condition(body: Scalar, box: Mapping[str, tuple[int, int]]):
             return _support_condition(lhs, box)
         case Binary("/", lhs, Num(value)) if value != 0:
             return _support_condition(lhs, box)
-        case Binary("*", lhs, rhs):
+        case Binary("*" | "select", lhs, rhs):
             a, b = _support_condition(lhs, box), _support_condition(rhs, box)
             return a if b is None else b if a is None else ("and", a, b)
         case Binary("+" | "-" | "max" | "min" | "less" | "greater", lhs, rhs):  # f(0, 0) = 0

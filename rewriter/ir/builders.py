@@ -74,6 +74,7 @@ __all__ = [
     "cumsum",
     "reduce_max",
     "reduce_mean",
+    "reduce_norm",
     "softmax",
     "log_softmax",
     "layer_norm",
@@ -655,13 +656,13 @@ def gelu(x: Operand, approximate: str = "none") -> Scope:
     raise ExpressionError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
-_BINARY_OPS = ("+", "-", "*", "/", "max", "min", "pow", *COMPARISONS)
+_BINARY_OPS = ("+", "-", "*", "/", "max", "min", "pow", *COMPARISONS, "select")
 
 
 @_builder("binary")
 def binary(op: str, a: Operand | float, b: Operand | float) -> Scope:
-    """``L i0:.., ... ; A[..] op B[..]`` for op in + - * / max (max prints ``max(A[..], B[..])``),
-    with numpy broadcasting; default names A and B.
+    """``L i0:.., ... ; A[..] op B[..]`` for op in + - * / max min pow, a comparison or select
+    (a function prints ``max(A[..], B[..])``), with numpy broadcasting; default names A and B.
 
     Shapes align on their trailing axes; a missing leading axis or a size-1 axis broadcasts (it
     is read at index 0), e.g. (3, 1) + (4,) gives ``L i0:3, i1:4 ; A[i0, 0] + B[i1]``. Either
@@ -732,23 +733,22 @@ FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
 @_builder("where")
 def where(condition: Operand | float, a: Operand | float, b: Operand | float) -> Scope:
     """``a`` where ``condition`` (a 0/1 mask) is 1, ``b`` where it is 0, with broadcasting:
-    ``c * a' + (1 - c) * b'``, with a' and b' a and b clamped to the largest finite float32
-    (default names C, A, B). Exact for finite values; an infinity chosen comes out as
-    +-3.4e38, and one not chosen no longer makes ``0 * inf``, a NaN (T5's relative position
-    buckets take ``log(0)`` where the other branch is chosen)."""
+    ``select(c, a) + select(1 - c, b)`` (default names C, A, B), exact: the branch not chosen
+    never reaches the result, even an infinity or a NaN (``where(d != 0, n / d, 0)``). A constant
+    branch is clamped to the finite float32 range, as constants are finite (a ``-inf`` mask fill
+    becomes -3.4e38)."""
     values = _elementwise_operands([("condition", condition, "C"), ("a", a, "A"), ("b", b, "B")])
     if not any(isinstance(v, _Operand) for v in values):
         raise ExpressionError("at least one operand must be a tensor, a scope or a shape")
     c, *branches = values
     values = [c, *(min(max(v, -FLOAT32_MAX), FLOAT32_MAX) if isinstance(v, float) else v for v in branches)]
-    return _map(lambda c, x, y: c * _finite(x) + (Num(1.0) - c) * _finite(y), values)
+    return _map(_selected, values)
 
 
-def _finite(value: Scalar) -> Scalar:
-    """``value`` clamped to the finite float32 range (a constant is clamped already)."""
-    if isinstance(value, Num):
-        return value
-    return Binary("min", Binary("max", value, Num(-FLOAT32_MAX)), Num(FLOAT32_MAX))
+def _selected(c: Scalar, a: Scalar, b: Scalar) -> Scalar:
+    """``select(c, a) + select(1 - c, b)``, less a term whose branch is the constant 0."""
+    terms = [Binary("select", mask, x) for mask, x in ((c, a), (Num(1.0) - c, b)) if x != Num(0.0)]
+    return Num(0.0) if not terms else terms[0] if len(terms) == 1 else terms[0] + terms[1]
 
 
 @_builder("clip")
@@ -848,6 +848,22 @@ def reduce_mean(x: Operand, axes=None, keepdims: bool = False) -> Scope:
     axes = _axes(axes, x.rank)
     scale = Num(1.0 / math.prod(x.shape[a] for a in axes))
     return _reduce(x, axes, keepdims, "sum", lambda a: a * scale)
+
+
+@_builder("reduce_norm")
+def reduce_norm(x: Operand, axes=None, ord: int = 2, keepdims: bool = False) -> Scope:
+    """The L1 or L2 norm over ``axes`` (ONNX ReduceL1/ReduceL2, torch's vector_norm), default
+    name A: ``S |A|`` for ord 1, ``sqrt(S A*A)`` for ord 2::
+
+        reduce_norm((2, 4), 1)  ->  L i0:2 ; sqrt({ L i0:2 ; S r1:4 ; A[i0, r1] * A[i0, r1] }[i0])
+    """
+    (x,) = _operands(("x", x, "A"))
+    if ord not in (1, 2):
+        raise ExpressionError(f"reduce_norm: ord {ord!r} is not 1 or 2")
+    axes = _axes(axes, x.rank)
+    if ord == 1:
+        return _reduce(x, axes, keepdims, "sum", lambda a: Unary("abs", a))
+    return sqrt(_reduce(x, axes, keepdims, "sum", lambda a: a * a))
 
 
 @_builder("softmax")

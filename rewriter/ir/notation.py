@@ -36,7 +36,10 @@ COMPARISONS = {
     "greater_equal": "greater_equal",
     "equal": "equal",
 }
-BINARY_FUNCTIONS = {"max": "maximum", "min": "minimum", "pow": "power", **COMPARISONS}
+# select(c, x) is x where c is not 0 and 0 elsewhere, exactly: where(c, a, b) is
+# select(c, a) + select(1 - c, b), so a branch not chosen (an infinity, a NaN) never reaches the result
+SELECT = {"select": "where(c != 0, x, 0)"}
+BINARY_FUNCTIONS = {"max": "maximum", "min": "minimum", "pow": "power", **COMPARISONS, **SELECT}
 ARITHMETIC = ("+", "-", "*", "/")
 INDEX_OPS = ("+", "-", "*", "/", "%")
 REDUCTIONS = {"sum": "S", "max": "M"}  # reduction -> its letter in the notation

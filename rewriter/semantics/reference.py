@@ -78,6 +78,7 @@ _BINARY = {
     "min": np.minimum,
     "pow": np.power,
     **{name: (lambda compare: lambda a, b: compare(a, b).astype(np.result_type(a, b)))(f) for name, f in _MASK.items()},
+    "select": lambda c, x: np.where(c != 0, x, np.result_type(c, x).type(0)),
 }
 
 
