@@ -178,12 +178,23 @@ OP_CASES = [
     ("reduce_sum", "ReduceSum", {"x": (2, 3, 4), "axes": i64(1)}, dict(keepdims=1)),
     ("reduce_sum_all", "ReduceSum", {"x": (2, 3, 4)}, dict(keepdims=0)),
     ("reduce_sum_noop", "ReduceSum", {"x": (2, 3)}, dict(noop_with_empty_axes=1)),
+    ("einsum", "Einsum", {"a": (2, 3, 4), "b": (2, 4, 5)}, dict(equation="bij, bjk -> bki")),
+    ("reduce_l2", "ReduceL2", {"x": (2, 3, 4)}, dict(axes=[1, 2], keepdims=1)),
+    ("reduce_l1_opset18", "ReduceL1", {"x": (2, 3, 4), "axes": i64(0)}, dict(keepdims=0), 18),
     ("global_average_pool", "GlobalAveragePool", X4, {}),
     ("average_pool", "AveragePool", X4, dict(kernel_shape=[2, 2], strides=[2, 2])),
     ("average_pool_exclude_pad", "AveragePool", X4, dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
     ("average_pool_include_pad", "AveragePool", X4, dict(kernel_shape=[3, 2], pads=[1, 0, 1, 1], count_include_pad=1)),
     ("max_pool", "MaxPool", X4, dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
     ("max_pool_dilated", "MaxPool", X4, dict(kernel_shape=[2, 2], dilations=[2, 2])),
+    ("max_pool_ceil", "MaxPool", X4, dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),
+    ("average_pool_ceil", "AveragePool", X4, dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),
+    (
+        "average_pool_ceil_include_pad",
+        "AveragePool",
+        {"x": (1, 2, 8, 8)},
+        dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1),
+    ),
     ("max_pool_same", "MaxPool", X4, dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")),
     ("identity", "Identity", {"x": (2, 3)}, {}),
     ("pow_square", "Pow", {"a": (2, 3), "b": np.float32(2.0)}, {}),
@@ -426,10 +437,6 @@ def test_unsupported_ops_are_listed_together_before_anything_else():
 
 W = rnd(3, 2, 2, 2)
 UNSUPPORTED_VALUES = [
-    (
-        one_node("MaxPool", X4, kernel_shape=[2, 2], ceil_mode=1),
-        "MaxPool node 'node': attribute ceil_mode=1 is not supported",
-    ),
     (
         one_node("Pad", {**X4, "pads": i64(0, 0, 1, 1, 0, 0, 1, 1)}, mode="reflect"),
         "Pad node 'node': attribute mode='reflect' is not supported",

@@ -23,6 +23,7 @@ attributes; an attribute value the front-end does not handle (``ceil_mode=1``, `
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tempfile
@@ -58,6 +59,7 @@ from rewriter.ir.builders import (
     conv2d,
     conv_transpose2d,
     cumsum,
+    einsum,
     erf,
     exp,
     floor,
@@ -70,6 +72,7 @@ from rewriter.ir.builders import (
     mul,
     reduce_max,
     reduce_mean,
+    reduce_norm,
     reduce_sum,
     relu,
     sigmoid,
@@ -558,18 +561,22 @@ def _pads(node: _Node, sizes, kernel, strides, dilations) -> list[tuple[int, int
     return result
 
 
-def _window(node: _Node, x: Tensor, kernel, ranks=(4,)):
-    """Strides, dilations, pads and floor-mode output sizes of a convolution or pooling window."""
+def _window(node: _Node, x: Tensor, kernel, ranks=(4,), ceil: bool = False):
+    """Strides, dilations, pads and output sizes of a convolution or pooling window: floor mode,
+    or with ``ceil`` ceil mode, where a last window may run past the end padding but must start
+    inside the input or its begin padding (as PyTorch and onnxruntime count them)."""
     sizes = _spatial(node, x, ranks)
     strides = node.ints("strides", default=(1,) * len(sizes))
     dilations = node.ints("dilations", default=(1,) * len(sizes))
     pads = _pads(node, sizes, kernel, strides, dilations)
-    out = tuple(
-        (n + b + e - (k - 1) * d - 1) // s + 1 for n, k, s, d, (b, e) in zip(sizes, kernel, strides, dilations, pads)
-    )
+    out = []
+    for n, k, s, d, (b, e) in zip(sizes, kernel, strides, dilations, pads):
+        span = n + b + e - (k - 1) * d - 1
+        size = -(-span // s) + 1 if ceil else span // s + 1
+        out.append(size - 1 if ceil and (size - 1) * s >= n + b else size)
     if min(out) < 1:
         raise node.error(f"the window does not fit: input {sizes}, kernel {tuple(kernel)}, pads {pads}")
-    return strides, dilations, pads, out
+    return strides, dilations, pads, tuple(out)
 
 
 def _kernel(node: _Node, weight_shape) -> tuple[int, int]:
@@ -621,21 +628,22 @@ def _conv_transpose(node: _Node) -> Scope:
 
 
 def _pool(kind: str):
-    """MaxPool / AveragePool over 2-D windows (floor mode).
+    """MaxPool / AveragePool over 2-D windows (floor or ceil mode).
 
     Padding is not zero for these: max pooling pads with -inf, so a padded read adds
     ``(ones[idx] - 1) * FLT_MAX`` (0 inside, the lowest float32 outside); average pooling without
-    ``count_include_pad`` divides by the number of in-bounds reads, itself a scope over a ones mask.
+    ``count_include_pad`` divides by the number of in-bounds reads, itself a scope over a ones mask,
+    and with it by the number of reads inside the padding (a ceil-mode window's overhang past the
+    end padding does not count).
     """
 
     def handle(node: _Node) -> Scope:
         x = node.tensor(0)
-        if node.attr("ceil_mode", 0):
-            raise node.error("attribute ceil_mode=1 is not supported")
         kernel = node.ints("kernel_shape")
         if kernel is None or len(kernel) != 2:
             raise node.error(f"attribute kernel_shape must give 2 sizes, got {kernel}")
-        (sh, sw), (dh, dw), pads, (oh, ow) = _window(node, x, kernel)
+        ceil = bool(node.attr("ceil_mode", 0))
+        (sh, sw), (dh, dw), pads, (oh, ow) = _window(node, x, kernel, ceil=ceil)
         rows, cols = affine_index({"h": sh, "r": dh}, -pads[0][0]), affine_index({"w": sw, "s": dw}, -pads[1][0])
         traversal = (
             Iterator("n", 0, x.shape[0]),
@@ -645,14 +653,21 @@ def _pool(kind: str):
         )
         window = (Iterator("r", 0, kernel[0]), Iterator("s", 0, kernel[1]))
         read = x[Var("n"), Var("c"), rows, cols]
-        padded = any(b or e for b, e in pads)
+        within = tuple(n + b + e for n, (b, e) in zip(x.shape[2:], pads))  # the padded input's sizes
+        reach = ((oh - 1) * sh + (kernel[0] - 1) * dh + 1, (ow - 1) * sw + (kernel[1] - 1) * dw + 1)
+        overhang = reach[0] > within[0] or reach[1] > within[1]
+        padded = any(b or e for b, e in pads) or overhang
         if kind == "max":  # ONNX pads with -inf; a padded read is float32's lowest finite value instead
             body = read + (_ones(x.shape[2:])[rows, cols] - 1.0) * FLOAT32_MAX if padded else read
             return Scope(traversal, window, body, "max")
-        if padded and not node.attr("count_include_pad", 0):
-            count = Scope(traversal[2:], window, _ones(x.shape[2:])[rows, cols])
-            return Scope(traversal, window, read / count[Var("h"), Var("w")])
-        return Scope(traversal, window, read * Num(1.0 / (kernel[0] * kernel[1])))
+        if padded and not node.attr("count_include_pad", 0):  # count the reads inside the input
+            inside = _ones(x.shape[2:])[rows, cols]
+        elif overhang:  # count the reads inside the padding
+            inside = _ones(within)[affine_index({"h": sh, "r": dh}), affine_index({"w": sw, "s": dw})]
+        else:
+            return Scope(traversal, window, read * Num(1.0 / (kernel[0] * kernel[1])))
+        count = Scope(traversal[2:], window, inside)
+        return Scope(traversal, window, read / count[Var("h"), Var("w")])
 
     return handle
 
@@ -781,6 +796,11 @@ def _cumsum(node: _Node) -> Scope:
 
 def _not(node: _Node) -> Scope:
     return elementwise(node.tensor(0), lambda read: 1.0 - read)
+
+
+def _einsum(node: _Node) -> Scope:
+    """Einsum through the builder: one iterator per letter (no ellipsis, no size-1 broadcasting)."""
+    return einsum(node.attr("equation").replace(" ", ""), *(node.tensor(k) for k in range(len(node.proto.input))))
 
 
 def _variadic(op: str):
@@ -1221,6 +1241,7 @@ SUPPORTED_OPS: dict[str, _Op] = {
     "Gather": _op(_gather, "axis"),
     "GatherElements": _op(_gather_elements, "axis"),
     "CumSum": _op(_cumsum, "exclusive", "reverse"),
+    "Einsum": _op(_einsum, "equation"),
     "Not": _op(_not),
     "Split": _op(_split, "axis", "split", "num_outputs", outputs=True),
     "Unsqueeze": _op(_squeeze, "axes"),
@@ -1235,6 +1256,8 @@ SUPPORTED_OPS: dict[str, _Op] = {
     "Softmax": _op(_normalised_exp(softmax, "Softmax"), "axis"),
     "ReduceMean": _op(_reduce(reduce_mean), "axes", "keepdims", "noop_with_empty_axes"),
     "ReduceSum": _op(_reduce(reduce_sum), "axes", "keepdims", "noop_with_empty_axes"),
+    "ReduceL1": _op(_reduce(functools.partial(reduce_norm, ord=1)), "axes", "keepdims", "noop_with_empty_axes"),
+    "ReduceL2": _op(_reduce(reduce_norm), "axes", "keepdims", "noop_with_empty_axes"),
     "GlobalAveragePool": _op(_global_average_pool),
     "AveragePool": _op(_pool("average"), "ceil_mode", "count_include_pad", *_WINDOW),
     "MaxPool": _op(_pool("max"), "ceil_mode", "storage_order", *_WINDOW),

@@ -20,7 +20,7 @@ it when it is that convolution's only reader, else it is a per-channel affine sc
 
 Shapes are static. What is not supported fails loudly: every unsupported operator of a graph is
 listed in one ``TorchImportError`` (with FX node names) before anything else is done; a handler's
-refusal (a 3-D convolution, ``ceil_mode=True``) names the node.
+refusal (a 3-D convolution, a ``divisor_override``) names the node.
 
 The backend translates each graph dynamo gives it the same way (its parameters are graph inputs,
 read at every call, so nothing is folded into them), optimizes it (``optimize_program``) and runs
@@ -61,6 +61,7 @@ from rewriter.ir.builders import (
     mul,
     reduce_max,
     reduce_mean,
+    reduce_norm,
     reduce_sum,
     relu,
     rsqrt,
@@ -665,6 +666,11 @@ def _reduce(builder):
     return lambda node: builder(node.tensor(0), node.arg(1) or None, keepdims=bool(node.arg(2)))
 
 
+def _vector_norm(node: _Node) -> Scope:
+    """``linalg_vector_norm(x, ord, dim, keepdim)``: the L1 or L2 norm (no dims: of everything)."""
+    return reduce_norm(node.tensor(0), node.arg(2) or None, node.arg(1), keepdims=bool(node.arg(3)))
+
+
 def _alias(node: _Node) -> Tensor:
     """clone, alias: the value is the input's (dropout in eval mode and ``contiguous`` arrive as clone)."""
     return node.tensor(0)
@@ -856,6 +862,7 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
     "aten._softmax.default": _softmax,
     "aten.mean.dim": _reduce(reduce_mean),
     "aten.sum.dim_IntList": _reduce(reduce_sum),
+    "aten.linalg_vector_norm.default": _vector_norm,
     "aten.view.default": _view,
     "aten.unsqueeze.default": _view,
     "aten.squeeze.dims": _view,
