@@ -198,6 +198,26 @@ def position_ids(s, ids):
     return picked, casts + (rows.floor() != rows.flip(2).floor()) + torch.remainder(rows, rows.abs() + 0.5)
 
 
+def advanced_indexing(s, x, ids):
+    """One index tensor (constant, or known only at run time), and joint indexing by constant
+    tensors on adjacent axes (their broadcast shape stays in place) and on axes apart (it goes
+    first, as numpy places it)."""
+    return (
+        x[:, torch.tensor([[2, 0], [1, -1]])],
+        x[:, :, ids],
+        x[:, torch.tensor([0, 2, 3]), torch.tensor([[1], [5]])],
+        x[torch.tensor([1, 0]), :, torch.tensor([3, -4])],
+    )
+
+
+def slice_assignment(s, x):
+    """``y[:, 1:3] = ...`` and a strided one: slice_scatter after export."""
+    y, z = x.clone(), x.clone()
+    y[:, 1:3] = x[:, :2] * 2
+    z[..., ::3] = -x[..., 1::3]
+    return y, z
+
+
 def upsampling(s, x):
     """Nearest and bilinear, by factor and by size, corners aligned or not."""
     return (
@@ -222,6 +242,8 @@ MODULES = {
     "residual_block": (ResidualBlock, X),
     "group_norm": (lambda: nn.Sequential(nn.Conv2d(4, 6, 1), nn.GroupNorm(3, 6), nn.GroupNorm(6, 6)), X),
     "upsampling": (lambda: Lambda(upsampling), X),
+    "slice_assignment": (lambda: Lambda(slice_assignment), X),
+    "advanced_indexing": (lambda: Lambda(advanced_indexing), X, torch.tensor([7, 0, 3])),
     "position_ids": (
         lambda: Lambda(position_ids, embed=nn.Embedding(10, 8)),
         torch.tensor([[1, 4, 1, 9], [3, 3, 2, 1]]),

@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rewriter.ir import ExpressionError, Lit, Opaque, Program, Scope, Tensor, Unary, Var, smax
+from rewriter.ir import Binary, ExpressionError, Index, Lit, Num, Opaque, Program, Scope, Tensor, Unary, Var, smax
 from rewriter.ir.builders import (
     absolute,
     add,
@@ -89,7 +89,7 @@ from .common import (
     resize,
     resize_weights,
 )
-from .onnx import _concat, _pad, _pool, _reshaped, _slice, _transpose
+from .onnx import _concat, _ones, _pad, _pool, _reshaped, _slice, _transpose
 
 __all__ = ["TorchImportError", "from_torch", "rewriter_backend", "register", "SUPPORTED_OPS"]
 
@@ -284,6 +284,12 @@ class _Build:
             self.values[fx.name] = self.weight(fx.name, _numpy(self.constants[fx.name]))
         return self.values[fx.name]
 
+    def intermediate(self, text: str, scope: Scope) -> Tensor:
+        """A definition a handler makes before its own (a view another definition reads)."""
+        name = self.names.fresh(text)
+        self.definitions.append((name, scope))
+        return Tensor(name, scope.shape)
+
     def weight(self, text: str, value: np.ndarray) -> Tensor:
         name = self.names.fresh(text)
         self.weights[name] = value
@@ -401,6 +407,8 @@ def _convolution(node: _Node) -> Scope:
     if transposed and (groups != 1 or any(d != 1 for d in dilation)):
         raise node.error(f"transposed convolution with groups={groups}, dilation={dilation} is not supported")
     weight, bias = _conv_parameters(node, transposed)
+    if x.rank == 4:  # a one-element list stands for both axes (EfficientNet's depthwise convolutions)
+        stride, padding, dilation, output_padding = map(_two, (stride, padding, dilation, output_padding))
     if transposed:
         scope = conv_transpose2d(x, weight, stride, padding, output_padding)
     else:
@@ -671,6 +679,12 @@ def _vector_norm(node: _Node) -> Scope:
     return reduce_norm(node.tensor(0), node.arg(2) or None, node.arg(1), keepdims=bool(node.arg(3)))
 
 
+def _copy(node: _Node) -> Tensor | Scope:
+    """``copy(x, src)`` (functional ``x.copy_(src)``): ``src`` broadcast to x's shape."""
+    x, src = node.tensor(0), node.tensor(1)
+    return src if src.shape == x.shape else broadcast_to(src, x.shape)
+
+
 def _alias(node: _Node) -> Tensor:
     """clone, alias: the value is the input's (dropout in eval mode and ``contiguous`` arrive as clone)."""
     return node.tensor(0)
@@ -682,6 +696,46 @@ def _embedding(node: _Node) -> Scope | Opaque:
     indices = node.const(1)
     chosen = node.tensor(1) if indices is None else indices
     return gather(node.tensor(0), chosen, 0, lambda values: node.weight("indices", values))
+
+
+def _index(node: _Node) -> Scope | Opaque:
+    """``index(x, [None, ..., idx, ...])``, ``x[:, :, idx]``: one index tensor is a gather along
+    its axis (a view where constant indices step evenly). Several constant index tensors (numpy's
+    joint advanced indexing, ``x[:, i, j]``) are one gather of a view that merges their axes, at
+    the flat positions they name; where those axes are not adjacent the merged one goes first, as
+    numpy places them."""
+    chosen = [(axis, fx) for axis, fx in enumerate(node.arg(1)) if fx is not None]
+    data = node.tensor(0)
+    values = [_numpy(node.build.constants[fx.name]) if fx.name in node.build.constants else None for _, fx in chosen]
+    if len(chosen) == 1:
+        ((axis, fx),) = chosen
+        indices = node.build.tensor(fx) if values[0] is None else values[0]
+        return gather(data, indices, axis, lambda found: node.weight("indices", found))
+    if any(v is None for v in values):
+        raise node.error(f"indexing with {len(chosen)} index tensors known only at run time is not supported")
+    axes = [axis for axis, _ in chosen]
+    sizes = [data.shape[axis] for axis in axes]
+    arrays = [np.asarray(v).astype(np.int64) % n for v, n in zip(np.broadcast_arrays(*values), sizes)]
+    place = axes[0] if axes == list(range(axes[0], axes[0] + len(axes))) else 0
+    merged = node.build.intermediate(f"{node.name}_merged", _merged_axes(data, axes, place))
+    flat = np.ravel_multi_index(tuple(arrays), sizes)
+    return gather(merged, flat, place, lambda found: node.weight("indices", found))
+
+
+def _merged_axes(data: Tensor, axes: Sequence[int], place: int) -> Scope:
+    """``data`` with ``axes`` merged into one axis (row-major) at position ``place`` among the
+    others: a view whose reads are quasi-affine (``m / stride % size``)."""
+    others = [axis for axis in range(data.rank) if axis not in axes]
+    order = others[:place] + [None] + others[place:]
+    its = iterators([math.prod(data.shape[a] for a in axes) if a is None else data.shape[a] for a in order])
+    m = its[place].var
+    reads: dict[int, Index] = {axis: its[order.index(axis)].var for axis in others}
+    stride = 1
+    for position, axis in reversed(list(enumerate(axes))):
+        index = m if stride == 1 else m // stride
+        reads[axis] = index % data.shape[axis] if position else index
+        stride *= data.shape[axis]
+    return Scope(its, (), data[tuple(reads[axis] for axis in range(data.rank))])
 
 
 def _split(node: _Node) -> None:
@@ -752,6 +806,27 @@ def _slice_tensor(node: _Node) -> Scope:
 
 
 _INT64_MAX = 2**63 - 1
+
+
+def _slice_scatter(node: _Node) -> Scope:
+    """``slice_scatter(x, src, dim, start, end, step)``, what ``x[..., a:b:c] = src`` exports to:
+    ``src`` at the sliced positions, ``x`` elsewhere, chosen exactly by ``select`` over a mask
+    that is 1 at those positions (bounds masks read at ``(i - a) / c`` and ``(i - a) % c``)."""
+    x, src = node.tensor(0), node.tensor(1)
+    dim = node.arg(2) % x.rank
+    positions = range(x.shape[dim])[slice(node.arg(3), node.arg(4), node.arg(5))]
+    if len(positions) != src.shape[dim]:
+        raise node.error(f"the slice has {len(positions)} positions along axis {dim}, src {src.shape[dim]}")
+    its = iterators(x.shape)
+    offset = its[dim].var - positions.start
+    along = offset // positions.step if positions.step > 1 else offset
+    hit = _ones((len(positions),))[along]
+    if positions.step > 1:
+        hit = hit * _ones((1,))[offset % positions.step]
+    reads = [it.var for it in its]
+    chosen = src[tuple(reads[:dim] + [along] + reads[dim + 1 :])]
+    body = Binary("select", hit, chosen) + Binary("select", Num(1.0) - hit, x[tuple(reads)])
+    return Scope(its, (), body)
 
 
 def _constant_pad(node: _Node) -> Scope:
@@ -870,6 +945,8 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
     "aten.permute.default": _permute,
     "aten.select.int": _select,
     "aten.slice.Tensor": _slice_tensor,
+    "aten.slice_scatter.default": _slice_scatter,
+    "aten.copy.default": _copy,
     "aten.cat.default": _cat,
     "aten.constant_pad_nd.default": _constant_pad,
     "aten.max_pool2d_with_indices.default": _max_pool,
@@ -879,6 +956,7 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
     "aten.alias.default": _alias,
     "getitem": _getitem,
     "aten.embedding.default": _embedding,
+    "aten.index.Tensor": _index,
     "aten.split_with_sizes.default": _split,
 }
 
