@@ -24,6 +24,8 @@ transformers = pytest.importorskip("transformers")
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+from test_transformers_models import FirstOutput  # noqa: E402
+
 from rewriter.frontends.onnx import load_onnx  # noqa: E402
 from rewriter.frontends.torch import from_torch  # noqa: E402
 
@@ -203,17 +205,6 @@ AUDIO = {  # name -> (model, input shape)
     ),
 }
 FAMILIES = sorted([*TEXT, *IMAGE, *AUDIO])
-
-
-class FirstOutput(torch.nn.Module):
-    """The model's last hidden state (transformers models return a dataclass of outputs)."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, inputs):
-        return self.model(inputs)[0]
 
 
 def built(name):
