@@ -37,6 +37,7 @@ BINARY = {
     "greater": (lambda a, b: (a > b) * 1.0, (-2, 2)),
     "greater_equal": (lambda a, b: (a >= b) * 1.0, (-2, 2)),
     "equal": (lambda a, b: (a == b) * 1.0, (-2, 2)),
+    "select": (lambda c, x: np.where(c != 0, x, 0.0), (-2, 2)),
 }
 
 
@@ -73,6 +74,8 @@ def test_binary_function(fn, data):
     a, b = data.draw(values(domain)), data.draw(values(domain))
     if fn == "equal":
         b[::2] = a[::2]  # half of the pairs equal
+    if fn == "select":
+        a[::3] = 0.0  # a third not chosen
     text = f"L i:12 ; {fn}(A[i], B[i])"
     expr = parse(text, {"A": (12,), "B": (12,)})
     assert str(expr) == text and parse(str(expr), {"A": (12,), "B": (12,)}) == expr
