@@ -251,6 +251,31 @@ def test_parallel_definitions_merge_into_a_batched_one_where_it_costs_less():
     assert merge_parallel(program, cost=flops) == program
 
 
+def test_each_layers_parallel_definitions_merge_with_each_other_and_not_across_layers():
+    """Two layers, each with a gate and an up projection of its own input (a decoder's MLP):
+    each pair becomes one batched definition; the second layer's pair does not join the first's
+    (its input is computed later), nor does a pair that differs in a computed tensor."""
+    shapes = {"X": (4, 4), "G1": (4, 4), "U1": (4, 4), "G2": (4, 4), "U2": (4, 4)}
+    program = parse_program(
+        "A1 = L i:4, j:4 ; S k:4 ; X[i, k] * G1[k, j]\n"
+        "B1 = L i:4, j:4 ; S k:4 ; X[i, k] * U1[k, j]\n"
+        "H = L i:4, j:4 ; A1[i, j] * B1[i, j]\n"
+        "A2 = L i:4, j:4 ; S k:4 ; H[i, k] * G2[k, j]\n"
+        "B2 = L i:4, j:4 ; S k:4 ; H[i, k] * U2[k, j]\n"
+        "C = L i:4, j:4 ; S k:4 ; A2[i, k] * G2[k, j]\n"
+        "D = L i:4, j:4 ; S k:4 ; B2[i, k] * G2[k, j]\n"
+        "Y = L i:4, j:4 ; C[i, j] + D[i, j]\n"
+        "return Y",
+        shapes,
+    )
+    merged = merge_parallel(program, cost=lambda expr: 1.0)
+    names = [n for n, _ in merged.definitions]
+    assert names == ["A1_B1", "A1", "B1", "H", "A2_B2", "A2", "B2", "C", "D", "Y"]
+    assert all(merged_expr.shape == (2, 4, 4) for n, merged_expr in merged.definitions if n in ("A1_B1", "A2_B2"))
+    feeds = {name: np.random.default_rng(1).standard_normal(shape) for name, shape in shapes.items()}
+    np.testing.assert_allclose(evaluate(merged, feeds), evaluate(program, feeds), rtol=1e-9, atol=1e-9)
+
+
 def test_nchw_tensors_are_stored_in_blocks_of_the_vector_then_of_half_where_it_does_not_divide():
     program = parse_program(
         "A = L n:1, c:32, h:4, w:4 ; relu(X[n, c, h, w])\n"
