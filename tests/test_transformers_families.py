@@ -3,7 +3,7 @@
 -> ``from_torch`` -> ``evaluate`` against the module (tiny configs, random weights, no downloads).
 
 What breaks on a family is most often its import (an operator, an attribute, a mask that makes
-a NaN): this catches it in a second or two per family. Optimizing one takes 30 s to 7 minutes on
+a NaN): this catches it in a second or two per family. Optimizing one takes 30 s to 9 minutes on
 a 2-core machine (hidden size 64, two layers, 64x64 images, ``max_depth=1``), so the suite
 optimizes end to end only the families of ``test_transformers_models.py``.
 
