@@ -477,7 +477,7 @@ class _Lowering:
                 return tvm.tirx.sqrt(x)
             case "rsqrt":
                 return tvm.tirx.const(1.0, self.dtype) / tvm.tirx.sqrt(x)  # as the reference: rsqrt may be approximate
-            case "log" | "erf" | "abs" | "floor" | "ceil":
+            case "log" | "erf" | "abs" | "floor" | "ceil" | "sin" | "cos":
                 return getattr(tvm.tirx, fn)(x)
         raise CodegenError(f"unknown function {fn!r}")
 

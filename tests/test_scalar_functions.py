@@ -20,6 +20,8 @@ UNARY = {
     "exp": (np.exp, (-4, 4)),
     "log": (np.log, (0.125, 8)),
     "tanh": (np.tanh, (-4, 4)),
+    "sin": (np.sin, (-8, 8)),
+    "cos": (np.cos, (-8, 8)),
     "sigmoid": (lambda x: 1 / (1 + np.exp(-x)), (-4, 4)),
     "erf": (np.vectorize(math.erf), (-4, 4)),
     "sqrt": (np.sqrt, (0, 8)),

@@ -136,6 +136,7 @@ def elementwise(s, x, y):
         torch.sub(x, y, alpha=2),
         1 / y + torch.exp(-x) * torch.tensor(2.0),
         torch.sqrt(y) + x.detach(),
+        torch.sin(3 * x) * torch.cos(y),
     )
 
 

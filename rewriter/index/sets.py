@@ -410,9 +410,9 @@ def _support_condition(body: Scalar, box: Mapping[str, tuple[int, int]]):
     constraint (isl's parser costs about 40 us per constraint, and most reads are such).
 
     An access is non-zero only inside its source (a nested scope: inside its own padding
-    support); ``*`` and ``select`` intersect, ``+ - max min less greater`` unite, ``neg relu tanh sqrt erf abs
-    floor ceil``, a positive constant power and division by a non-zero constant keep the support
-    (f(0) = 0); a zero constant is nowhere, anything else anywhere.
+    support); ``*`` and ``select`` intersect, ``+ - max min less greater`` unite, ``neg relu
+    tanh sin sqrt erf abs floor ceil``, a positive constant power and division by a non-zero
+    constant keep the support (f(0) = 0); a zero constant is nowhere, anything else anywhere.
     """
     match body:
         case Access(source, indices):
@@ -422,7 +422,7 @@ def _support_condition(body: Scalar, box: Mapping[str, tuple[int, int]]):
             return ("read", reads) if reads else None
         case Num(value):
             return _NOWHERE if value == 0 else None
-        case Unary("neg" | "relu" | "tanh" | "sqrt" | "erf" | "abs" | "floor" | "ceil", arg):
+        case Unary("neg" | "relu" | "tanh" | "sin" | "sqrt" | "erf" | "abs" | "floor" | "ceil", arg):
             return _support_condition(arg, box)
         case Binary("pow", lhs, Num(value)) if value > 0:
             return _support_condition(lhs, box)

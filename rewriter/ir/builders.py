@@ -50,6 +50,8 @@ __all__ = [
     "relu",
     "exp",
     "tanh",
+    "sin",
+    "cos",
     "sigmoid",
     "sqrt",
     "erf",
@@ -593,6 +595,18 @@ def exp(x: Operand) -> Scope:
 def tanh(x: Operand) -> Scope:
     """``L i0, ... ; tanh(A[i0, ...])``."""
     return unary("tanh", x)
+
+
+@_builder("sin")
+def sin(x: Operand) -> Scope:
+    """``L i0, ... ; sin(A[i0, ...])`` (rotary position tables computed at run time)."""
+    return unary("sin", x)
+
+
+@_builder("cos")
+def cos(x: Operand) -> Scope:
+    """``L i0, ... ; cos(A[i0, ...])``."""
+    return unary("cos", x)
 
 
 @_builder("sigmoid")

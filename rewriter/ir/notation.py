@@ -20,6 +20,8 @@ UNARY_FUNCTIONS = {
     "exp": "exp",
     "log": "log",
     "tanh": "tanh",
+    "sin": "sin",
+    "cos": "cos",
     "sigmoid": "sigmoid",
     "erf": "erf",
     "sqrt": "sqrt",

@@ -54,6 +54,8 @@ _UNARY = {
     "exp": np.exp,
     "log": np.log,
     "tanh": np.tanh,
+    "sin": np.sin,
+    "cos": np.cos,
     "sigmoid": lambda x: 0.5 * (1.0 + np.tanh(0.5 * x)),
     "erf": lambda x: _ERF(x).astype(np.result_type(x, np.float32)),
     "sqrt": np.sqrt,
