@@ -219,6 +219,13 @@ def slice_assignment(s, x):
     return y, z
 
 
+def batch_statistics(s, x):
+    """Batch norm with the batch's own statistics (BiT standardizes its weights so), with and
+    without an affine part."""
+    scale, shift = torch.linspace(0.5, 2.0, 4), torch.linspace(-1.0, 1.0, 4)
+    return F.batch_norm(x, None, None, training=True, eps=1e-5), F.batch_norm(x, None, None, scale, shift, True)
+
+
 def upsampling(s, x):
     """Nearest and bilinear, by factor and by size, corners aligned or not."""
     return (
@@ -244,6 +251,7 @@ MODULES = {
     "group_norm": (lambda: nn.Sequential(nn.Conv2d(4, 6, 1), nn.GroupNorm(3, 6), nn.GroupNorm(6, 6)), X),
     "upsampling": (lambda: Lambda(upsampling), X),
     "slice_assignment": (lambda: Lambda(slice_assignment), X),
+    "batch_statistics": (lambda: Lambda(batch_statistics), X),
     "advanced_indexing": (lambda: Lambda(advanced_indexing), X, torch.tensor([7, 0, 3])),
     "position_ids": (
         lambda: Lambda(position_ids, embed=nn.Embedding(10, 8)),

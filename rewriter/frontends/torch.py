@@ -478,6 +478,26 @@ def _batch_norm(node: _Node) -> Scope | Tensor:
     return elementwise(x, normalise)
 
 
+def _batch_statistics_norm(node: _Node) -> Scope:
+    """``_native_batch_norm_legit.no_stats(x, weight, bias, training, momentum, eps)``: x
+    normalised by its own mean and (biased) variance over every axis but the channels (axis 1),
+    as BiT's weight standardization computes it from a weight under torch.compile; output 0."""
+    x = node.tensor(0)
+    axes = tuple(axis for axis in range(x.rank) if axis != 1)
+    centred = binary("-", x, reduce_mean(x, axes, keepdims=True))
+    variance = reduce_mean(mul(centred, centred), axes, keepdims=True)
+    normalised = mul(centred, rsqrt(add(variance, float(node.arg(5)))))
+    c = Var("i1")
+    weight = node.tensor(1) if node.arg(1) is not None else None
+    bias = node.tensor(2) if node.arg(2) is not None else None
+
+    def affine(read):
+        read = read * weight[c] if weight is not None else read
+        return read + bias[c] if bias is not None else read
+
+    return normalised if weight is None and bias is None else elementwise(normalised, affine)
+
+
 # --------------------------------------------------------------------------------------------
 # Handlers: products and element-wise operations
 
@@ -889,6 +909,7 @@ def _adaptive_avg_pool(node: _Node) -> Scope:
 SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
     "aten.convolution.default": _convolution,
     _BATCH_NORM: _batch_norm,
+    "aten._native_batch_norm_legit.no_stats": _batch_statistics_norm,
     "aten.addmm.default": _addmm,
     "aten.mm.default": lambda node: matmul(node.tensor(0), node.tensor(1)),
     "aten.bmm.default": lambda node: batch_matmul(node.tensor(0), node.tensor(1)),
