@@ -16,7 +16,7 @@ from codegen.orchestrate import orchestrate
 from codegen.program import CompiledProgram, _step, end_to_end_seconds, remeasure
 from codegen.tvm_kernel import lower_to_te
 from rewriter import evaluate, parse, parse_program
-from rewriter.ir import ExpressionError, nested_scopes, tensor_shapes
+from rewriter.ir import ExpressionError, Opaque, Tensor, nested_scopes, tensor_shapes
 from rewriter.lower import Kernel, match_operator
 from rewriter.lower.fusion import MAX_TREE_SCOPES, fuse, fusion_pairs, tree_scopes
 from rewriter.lower.orchestrate import Choice, Primitives, blp_constraints, convex_candidates, fused_kernel, solve
@@ -300,6 +300,20 @@ def test_a_product_and_its_epilogue_share_a_generated_kernel(tmp_path, monkeypat
     rng = np.random.default_rng(0)
     x, w, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((32, 64), (64, 48), (48,)))
     np.testing.assert_allclose(orchestrated(X=x, W=w, B=b), np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-5)
+
+
+def test_plans_are_compared_on_indices_in_range_even_into_an_axis_of_one():
+    """The inputs plans are compared on are zeros and ones, but an index into an axis of one
+    element can only be 0 (LeViT's attention-bias gather under torch.compile, where its index
+    table is a graph input): 1 there raised instead of comparing."""
+    table, ids = Tensor("T", (3, 1)), Tensor("I", (1, 8))
+    steps = [
+        _step(Kernel("opaque", "G", Opaque("gather", (table, ids), (("axis", 1),))), "opaque", "float32"),
+        _step(Kernel("eop", "Y", parse("L i:3, j:1, k:8 ; 2 * G[i, j, k]", {"G": (3, 1, 8)})), "tvm", "float32"),
+    ]
+    program = CompiledProgram(steps, {"T": (3, 1), "I": (1, 8)})
+    plans = {"greedy": (program, orchestrate_module.Orchestration("greedy"))}
+    assert list(orchestrate_module.agreeing(plans, program, {"Y"})) == ["greedy"]
 
 
 def test_a_plan_that_computes_something_else_than_its_kernels_apart_is_left_out(tmp_path):

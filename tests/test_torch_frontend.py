@@ -370,6 +370,18 @@ def test_unsupported_graph_falls_back_with_a_warning(monkeypatch):
         close(flat(got), flat(module(x)))
 
 
+def test_a_fault_while_optimizing_falls_back_with_a_warning_that_names_it(monkeypatch):
+    def fails(*args, **budget):
+        raise RuntimeError("a fault of the optimizer's")
+
+    monkeypatch.setattr(torch_frontend, "optimize_program", fails)
+    module, x = mlp().eval(), torch.randn(3, 3, 2, 2)
+    with pytest.warns(UserWarning, match=r"original graph: optimizing it failed: RuntimeError\(.a fault of"):
+        got = torch.compile(module, backend=rewriter_backend)(x)
+    with torch.no_grad():
+        close(flat(got), flat(module(x)))
+
+
 def test_dynamic_shapes_fall_back_with_a_warning():
     module = mlp().eval()
     with pytest.warns(UserWarning, match="dynamic shape"):

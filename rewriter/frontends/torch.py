@@ -993,7 +993,8 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
 def rewriter_backend(gm, example_inputs, options: dict | None = None):
     """``torch.compile`` backend: the FX graph dynamo gives, translated like ``from_torch``, run
     as a program. A graph it cannot translate (an unsupported operator, dynamic shapes, anything)
-    runs as it came, with a warning that says why: compiling must never break a model.
+    or optimize (a fault of ours) runs as it came, with a warning that says why: compiling must
+    never break a model.
     ``torch.compile(..., options={"max_depth": 1, "subprogram_time_limit": 5})`` sets the search
     budget, ``"orchestration": "greedy"`` the orchestration (``BACKEND_OPTIONS`` are the
     defaults)."""
@@ -1005,7 +1006,11 @@ def rewriter_backend(gm, example_inputs, options: dict | None = None):
     except Exception as err:  # the original graph is always a correct answer
         warnings.warn(f"rewriter backend runs the original graph: {err}", stacklevel=2)
         return gm.forward
-    return _compiled(model, exported, budget)
+    try:
+        return _compiled(model, exported, budget)
+    except Exception as err:  # a fault of the optimizer's must not break the model either
+        warnings.warn(f"rewriter backend runs the original graph: optimizing it failed: {err!r}", stacklevel=2)
+        return gm.forward
 
 
 def _backend_budget(options: dict | None) -> dict:

@@ -3,7 +3,7 @@ candidate and compiled program is checked against; opaque operations as numpy fu
 (``run_opaque``) and inputs valid for them (``sample_inputs``). Depends on ``rewriter.ir`` and
 ``rewriter.index``."""
 
-from .opaque import OPAQUE, bound_constants, run_opaque, sample_inputs
+from .opaque import OPAQUE, bound_constants, index_bounds, run_opaque, sample_inputs
 from .reference import evaluate
 
-__all__ = ["OPAQUE", "bound_constants", "evaluate", "run_opaque", "sample_inputs"]
+__all__ = ["OPAQUE", "bound_constants", "evaluate", "index_bounds", "run_opaque", "sample_inputs"]

@@ -62,14 +62,10 @@ def bound_constants(names) -> dict[str, np.ndarray]:
     return {name: np.reshape(values, shape) for name, (shape, values) in constants_among(names).items()}
 
 
-def sample_inputs(
-    definitions: Iterable[tuple[str, Definition]], shapes: Mapping[str, tuple[int, ...]], seed: int = 0
-) -> dict[str, np.ndarray]:
-    """Random float32 values for the tensors ``shapes`` names, valid for the program of
-    ``definitions``: standard normal, except a tensor a gather reads as its indices (directly or
-    through other definitions: a reshape of token ids), which holds integers in range of every
-    such gather, and a recorded constant table, which holds its values."""
-    sources: dict[str, set[str]] = {}  # tensor -> the tensors of ``shapes`` it is computed from
+def index_bounds(definitions: Iterable[tuple[str, Definition]]) -> dict[str, int]:
+    """For each input a gather reads as its indices (directly or through other definitions: a
+    reshape of token ids), the size of the smallest axis it indexes: its values must lie below."""
+    sources: dict[str, set[str]] = {}  # tensor -> the inputs it is computed from
     bounds: dict[str, int] = {}
     for name, expr in definitions:
         sources[name] = set().union(*(sources.get(t, {t}) for t in tensor_shapes(expr)))
@@ -77,6 +73,17 @@ def sample_inputs(
             size = expr.inputs[0].shape[expr.attribute("axis")]
             for source in sources.get(expr.inputs[1].name, {expr.inputs[1].name}):
                 bounds[source] = min(bounds.get(source, size), size)
+    return bounds
+
+
+def sample_inputs(
+    definitions: Iterable[tuple[str, Definition]], shapes: Mapping[str, tuple[int, ...]], seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Random float32 values for the tensors ``shapes`` names, valid for the program of
+    ``definitions``: standard normal, except a tensor a gather reads as its indices (directly or
+    through other definitions: a reshape of token ids), which holds integers in range of every
+    such gather, and a recorded constant table, which holds its values."""
+    bounds = index_bounds(definitions)
     rng = np.random.default_rng(seed)
     tables = bound_constants(shapes)
     return {
