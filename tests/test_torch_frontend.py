@@ -208,6 +208,8 @@ def advanced_indexing(s, x, ids):
         x[:, :, ids],
         x[:, torch.tensor([0, 2, 3]), torch.tensor([[1], [5]])],
         x[torch.tensor([1, 0]), :, torch.tensor([3, -4])],
+        torch.index_select(x, 3, ids),
+        torch.index_select(x, 1, torch.tensor([3, 1, 1])),
     )
 
 

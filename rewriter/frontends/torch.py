@@ -744,6 +744,14 @@ def _index(node: _Node) -> Scope | Opaque:
     return gather(merged, flat, place, lambda found: node.weight("indices", found))
 
 
+def _index_select(node: _Node) -> Scope | Opaque:
+    """``index_select(x, dim, index)``: a gather along ``dim`` (XGLM's sinusoidal positions
+    under torch.compile, where the table and the positions are graph inputs)."""
+    indices = node.const(2)
+    chosen = node.tensor(2) if indices is None else indices
+    return gather(node.tensor(0), chosen, node.arg(1), lambda found: node.weight("indices", found))
+
+
 def _merged_axes(data: Tensor, axes: Sequence[int], place: int) -> Scope:
     """``data`` with ``axes`` merged into one axis (row-major) at position ``place`` among the
     others: a view whose reads are quasi-affine (``m / stride % size``)."""
@@ -982,6 +990,7 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
     "getitem": _getitem,
     "aten.embedding.default": _embedding,
     "aten.index.Tensor": _index,
+    "aten.index_select.default": _index_select,
     "aten.split_with_sizes.default": _split,
 }
 
