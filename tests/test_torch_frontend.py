@@ -322,6 +322,9 @@ def test_unsupported_ops_are_listed_together_before_anything_else():
 def test_handler_errors_name_the_node():
     with pytest.raises(TorchImportError, match=r"aten.convolution.default node 'convolution': only 1-D and 2-D"):
         from_torch(nn.Conv3d(3, 2, 3), (torch.randn(1, 3, 4, 8, 8),))
+    outside = Lambda(lambda s, x: x[:, torch.tensor([0, 4]), torch.tensor([1, 2])])  # axis 1 has 4
+    with pytest.raises(TorchImportError, match=r"aten.index.Tensor node 'index': index 4 is out of range for axis 1"):
+        from_torch(outside, (X,))
 
 
 def test_training_mode_is_refused():

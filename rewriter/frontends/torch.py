@@ -737,7 +737,12 @@ def _index(node: _Node) -> Scope | Opaque:
         raise node.error(f"indexing with {len(chosen)} index tensors known only at run time is not supported")
     axes = [axis for axis, _ in chosen]
     sizes = [data.shape[axis] for axis in axes]
-    arrays = [np.asarray(v).astype(np.int64) % n for v, n in zip(np.broadcast_arrays(*values), sizes)]
+    arrays = [np.asarray(v).astype(np.int64) for v in np.broadcast_arrays(*values)]
+    for axis, size, array in zip(axes, sizes, arrays):
+        outside = (array < -size) | (array >= size)
+        if outside.any():
+            raise node.error(f"index {int(array[outside].flat[0])} is out of range for axis {axis} (size {size})")
+    arrays = [array % size for array, size in zip(arrays, sizes)]
     place = axes[0] if axes == list(range(axes[0], axes[0] + len(axes))) else 0
     merged = node.build.intermediate(f"{node.name}_merged", _merged_axes(data, axes, place))
     flat = np.ravel_multi_index(tuple(arrays), sizes)
