@@ -17,8 +17,8 @@ it against ONNX shape inference wherever that knows the shape.
 
 What is not supported fails loudly, never silently wrong: all unsupported operators of a model are
 listed in one ``OnnxImportError`` (with node names) before anything else is done, then all unknown
-attributes; an attribute value the front-end does not handle (``ceil_mode=1``, ``Pad`` mode
-``reflect``, ...) is an error naming the node and the attribute.
+attributes; an attribute value the front-end does not handle (``Pad`` mode ``reflect``, a
+training-mode ``Dropout``, ...) is an error naming the node and the attribute.
 """
 
 from __future__ import annotations
