@@ -218,11 +218,11 @@ def merge_parallel(program: Program, cost: Callable[[Scope], float]) -> Program:
 
     Definitions merge only with definitions of the same traversal, summation and input shapes
     that read the same definitions (what a batched definition's members share), so the rules
-    see each such group alone, as
-    ``fuse_elementwise``'s see each pair: applied to the whole program, they made a whole-program
-    variant per candidate, and a 30-layer decoder (1800 definitions) spent more than ten minutes
-    here. A merge is kept where what the batched definition reads beyond its first member's reads
-    is an input of the program (a weight): the stack must exist where the batch is computed."""
+    see each such group alone, as ``fuse_elementwise``'s see each pair: applied to the whole
+    program, they made a whole-program variant per candidate, and a 30-layer decoder (1807
+    definitions) spent more than 14 minutes here. A merge is kept where what the batched
+    definition reads beyond its first member's reads is an input of the program (a weight): the
+    stack must exist where the batch is computed."""
     tried: set = set()
     changed = True
     while changed:
