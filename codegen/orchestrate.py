@@ -372,10 +372,10 @@ def agreeing(
     """The plans whose programs give ``reference``'s ``outputs`` (the stitched program: each of
     its kernels verified, none fused across subprograms; or the program optimized in another
     layout, ``unlike`` saying which) on the same inputs, zeros and ones drawn at random (valid
-    token ids and masks too; zeros only where a gather indexes an axis of one). A plan that disagrees is left out with a warning naming its
-    first output that differs: its kernels were checked alone and fused ones against their
-    parts, which a fault between kernels (a buffer planned over a value still to be read, a
-    call bound to the wrong buffer) passes."""
+    token ids and masks too; zeros only where a gather indexes an axis of one). A plan that
+    disagrees is left out with a warning naming its first output that differs: its kernels were
+    checked alone and fused ones against their parts, which a fault between kernels (a buffer
+    planned over a value still to be read, a call bound to the wrong buffer) passes."""
     rng = np.random.default_rng(0)
     below = index_bounds((kernel.output, kernel.expr) for kernel in reference.kernels)  # an axis of one: 0 only
     given = {

@@ -13,9 +13,6 @@ default one leaves the output all zeros or below 1e-6 (the batch-norm stacks of 
 MobileViT, LeViT and MobileNetV1), where a comparison would show nothing.
 """
 
-import io
-import warnings
-
 import numpy as np
 import pytest
 
@@ -24,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from test_transformers_models import FirstOutput  # noqa: E402
+from test_transformers_models import FirstOutput, exported  # noqa: E402
 
 from rewriter.frontends.onnx import load_onnx  # noqa: E402
 from rewriter.frontends.torch import from_torch, register  # noqa: E402
@@ -226,11 +223,7 @@ def close(got, want):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_exported_to_onnx_it_imports_and_computes_what_onnxruntime_does(name):
     module, x = built(name)
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, (x,), buffer, opset_version=17, dynamo=False, input_names=["inputs"])
-    proto = onnx.load_from_string(buffer.getvalue())
+    proto = exported(module, x)
     model = load_onnx(proto)
     (got,) = model.run({"inputs": x.numpy()}).values()
     (want,) = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(

@@ -107,6 +107,15 @@ def built(name):
     return FirstOutput(CONFIGS[name]().eval()).eval(), example
 
 
+def exported(module, x):
+    """``module`` exported to ONNX as users export it (opset 17, its input named "inputs")."""
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), buffer, opset_version=17, dynamo=False, input_names=["inputs"])
+    return onnx.load_from_string(buffer.getvalue())
+
+
 def close(got, want):
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
@@ -117,11 +126,7 @@ SLOW = {"mobilenetv2", "segformer"}  # 50-70 s each here: many subprograms to se
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(CONFIGS)])
 def test_exported_to_onnx_it_imports_optimizes_and_matches_onnxruntime(name):
     module, x = built(name)
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, (x,), buffer, opset_version=17, dynamo=False, input_names=["inputs"])
-    proto = onnx.load_from_string(buffer.getvalue())
+    proto = exported(module, x)
     model = load_onnx(proto)
     optimized = optimize_program(model.program, model.weights, max_depth=1, subprogram_time_limit=5)
     got = optimized(**{model.names["inputs"]: x.numpy()})
