@@ -29,7 +29,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from dataclasses import replace  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -39,6 +38,7 @@ import torch  # noqa: E402
 from torch_cases import to_case_layout, torch_version  # noqa: E402
 
 from codegen import CpuBackend, compile_scope  # noqa: E402
+from codegen.program import in_place_times  # noqa: E402
 from rewriter import derive, evaluate  # noqa: E402
 from rewriter.cases import CASES  # noqa: E402
 from rewriter.pipeline import optimize_program, orchestrate_program  # noqa: E402
@@ -73,27 +73,12 @@ def paired_ratio(samples: dict, slower: str, faster: str) -> list[float]:
 
 def kernel_sums(compiled, rounds: int = 10) -> dict:
     """A compiled program's kernel medians summed, in ms: as the optimizer recorded them
-    ("alone": timed on their own, or where the program runs them when their implementations
-    were raced there), and timed where the program runs them (every call under a stopwatch,
-    whole runs on zeros, the first run left out). Set beside the program's end-to-end time, they
+    ("alone": as recorded, timed on their own, or where a program ran them: the BLP's trial
+    programs, the races of implementations), and timed where this program runs them
+    (``in_place_times``: every call under a stopwatch, whole runs on zeros, the first left out). Set beside the program's end-to-end time, they
     say what a run spends outside its kernels."""
-    samples = [[] for _ in compiled.steps]
-
-    def timed(call, bucket):
-        def run(values, out):
-            start = time.perf_counter()
-            call(values, out)
-            bucket.append(time.perf_counter() - start)
-
-        return run
-
-    watched = replace(
-        compiled, steps=[replace(s, call=timed(s.call, samples[i])) for i, s in enumerate(compiled.steps)]
-    )
-    zeros = {n: np.zeros(shape, compiled.dtype) for n, shape in compiled.inputs.items() if n not in compiled.constants}
-    for _ in range(rounds + 1):
-        watched.run(zeros)
-    in_place = sum(statistics.median(s[1:]) for s in samples if len(s) > 1)
+    per_step = in_place_times([compiled], rounds)[0]
+    in_place = sum(statistics.median(s) for s in per_step if s)
     return {"kernels_alone_ms": round(compiled.cost * 1e3, 3), "kernels_in_place_ms": round(in_place * 1e3, 3)}
 
 

@@ -565,6 +565,27 @@ def race_in_place(
     return replace(program, steps=chosen, constants=dict(program.constants), buffers={}).prepare()
 
 
+def in_place_times(programs: Sequence[CompiledProgram], rounds: int = 6) -> list[list[list[float]]]:
+    """Each step's seconds where its program runs it: the ``programs`` take turns for ``1 +
+    rounds`` whole runs each (on zeros, like ``race_in_place``; the first run, its buffers and
+    code still cold, left out), every call under a stopwatch. Returns, per program and step,
+    its samples (none for a weight-only step: it never runs). The programs share one set of
+    buffers, as alternatives of one program would."""
+    buffers: dict[int, np.ndarray] = {}
+    samples = [[[] for _ in p.steps] for p in programs]
+    watched = []
+    for program, per_step in zip(programs, samples):
+        steps = [replace(s, call=_stopwatch(s.call, per_step[i])) for i, s in enumerate(program.steps)]
+        trial = CompiledProgram(steps, program.inputs, program.dtype, constants=program.constants, buffers=buffers)
+        trial.prepared = program.prepared
+        inputs = {n: np.zeros(shape) for n, shape in program.inputs.items() if n not in program.constants}
+        watched.append((trial, inputs))
+    for _ in range(1 + rounds):
+        for trial, inputs in watched:
+            trial.run(inputs)
+    return [[s[1:] for s in per_step] for per_step in samples]
+
+
 def end_to_end_seconds(
     programs: Mapping[str, CompiledProgram], min_rounds: int = 5, max_rounds: int = 30, max_seconds: float = 10.0
 ) -> dict[str, float]:

@@ -13,7 +13,7 @@ from scipy.optimize import Bounds, milp
 import codegen.orchestrate as orchestrate_module
 from codegen.measure import MeasurementDB
 from codegen.orchestrate import orchestrate
-from codegen.program import CompiledProgram, _step, end_to_end_seconds, remeasure
+from codegen.program import CompiledProgram, _step, end_to_end_seconds, in_place_times
 from codegen.tvm_kernel import lower_to_te
 from rewriter import evaluate, parse, parse_program
 from rewriter.ir import ExpressionError, Opaque, Tensor, nested_scopes, tensor_shapes
@@ -178,20 +178,20 @@ def test_the_plan_is_the_cheapest_feasible_choice(reads, data):
     assert plan.seconds == pytest.approx(best)
 
 
-def _primitives_alone_take(seconds: float, timed: list | None = None):
-    """A stand-in for the orchestration's timing in turns: every form timed as it is, then the
-    primitives' own kernels (no nested scope) set to take ``seconds``; ``timed`` receives the
-    output of each kernel timed."""
+def _primitives_take(seconds: float):
+    """A stand-in for the orchestration's timing in place: every kernel of the trial programs
+    timed where it runs, then the primitives' own kernels (no nested scope) set to take
+    ``seconds``."""
 
-    def in_turns(programs, db, **timing):
-        remeasure(programs, db, **timing)
-        for step in programs[0].steps:
-            if timed is not None:
-                timed.append(step.kernel.output)
-            if not list(nested_scopes(step.kernel.expr)):
-                step.seconds = seconds
+    def in_place(programs, rounds=6):
+        times = in_place_times(programs, rounds)
+        for program, per_step in zip(programs, times):
+            for i, step in enumerate(program.steps):
+                if not list(nested_scopes(step.kernel.expr)):
+                    per_step[i] = [seconds]
+        return times
 
-    return in_turns
+    return in_place
 
 
 def _program(db) -> CompiledProgram:
@@ -210,15 +210,14 @@ def _program(db) -> CompiledProgram:
 @pytest.mark.parametrize("alone_s, kernels", [(1.0, 2), (1e-12, 3)])
 def test_orchestrated_program_recomputes_where_it_measures_faster(tmp_path, monkeypatch, alone_s, kernels):
     """The primitives of a real compiled program: when their own kernels are slow (here: their
-    timing in turns set so), the BLP takes the two candidate kernels (A, B) and (A, C),
+    times in place set so), the BLP takes the two candidate kernels (A, B) and (A, C),
     computing A twice; when they are fast, it keeps them. The program computes the same values
     either way."""
     db = MeasurementDB(tmp_path / "m.sqlite")
     program = _program(db)
-    timed_again = []
-    monkeypatch.setattr(orchestrate_module, "remeasure", _primitives_alone_take(alone_s, timed_again))
+    monkeypatch.setattr(orchestrate_module, "in_place_times", _primitives_take(alone_s))
     orchestrated, plan = orchestrate(program, {"B", "C"}, db)
-    assert timed_again == ["OUT"] * 5  # every form once, over positional names: 3 alone, 2 fused
+    assert plan.figures["trials"] == 3  # the primitives; (A, B) in B's place; (A, C), which overlaps it, in C's
     assert len(orchestrated.steps) == kernels
     assert plan.figures["candidates"] == 2 and plan.figures["measured"] == 2
     if kernels == 2:
@@ -248,7 +247,7 @@ def test_the_greedy_plans_kernels_are_candidates_of_any_size(tmp_path, monkeypat
     """A chain of four element-wise primitives with candidates of at most two: the BLP alone
     fuses it in pairs (two kernels); seeded with a kernel that computes all four (as the greedy
     plan's fusions across subprograms do), it takes that one kernel when the primitives' own
-    kernels are slow (their timing in turns set so). The program computes the same values either way."""
+    kernels are slow (their times in place set so). The program computes the same values either way."""
     db = MeasurementDB(tmp_path / "m.sqlite")
     n = (16, 16)
     texts = [
@@ -265,12 +264,12 @@ def test_the_greedy_plans_kernels_are_candidates_of_any_size(tmp_path, monkeypat
     program.measure(db)
     whole = _step(fused_kernel(Primitives.of([s.kernel for s in steps]), range(4)), "tvm", "float32")
     seeds = [(("A", "B", "C", "D"), whole)] if seeded else []
-    monkeypatch.setattr(orchestrate_module, "remeasure", _primitives_alone_take(1.0))
+    monkeypatch.setattr(orchestrate_module, "in_place_times", _primitives_take(1.0))
     orchestrated, plan = orchestrate(program, {"D"}, db, max_primitives=2, seeds=seeds)
     if seeded:
         assert [k.primitives for k in plan.shared] == [("A", "B", "C", "D")] and len(orchestrated.steps) == 1
         assert plan.figures["seeded"] == 1 and "1 of them the greedy plan's" in plan.describe()
-        assert plan.figures["greedy_seconds"] == plan.figures["seconds"] < 1.0  # the seed, timed in turns
+        assert plan.figures["greedy_seconds"] == plan.figures["seconds"] < 1.0  # the seed, timed in place
     else:
         assert [k.primitives for k in plan.shared] == [("A", "B"), ("C", "D")] and plan.figures["seeded"] == 0
         assert "greedy_seconds" not in plan.figures
@@ -281,7 +280,7 @@ def test_the_greedy_plans_kernels_are_candidates_of_any_size(tmp_path, monkeypat
 def test_a_product_and_its_epilogue_share_a_generated_kernel(tmp_path, monkeypatch):
     """A matched product (here a BLAS call) and the bias and activation after it are one
     candidate, generated as one kernel that runs the activation on each tile of sums; the BLP
-    takes it when the two kernels apart are slower (their timing in turns set so). The program
+    takes it when the two kernels apart are slower (their times in place set so). The program
     computes the same values."""
     db = MeasurementDB(tmp_path / "m.sqlite")
     product = parse("L i:32, j:48 ; S k:64 ; X[i, k] * W[k, j]", {"X": (32, 64), "W": (64, 48)})
@@ -293,7 +292,7 @@ def test_a_product_and_its_epilogue_share_a_generated_kernel(tmp_path, monkeypat
     ]
     program = CompiledProgram(steps, {"X": (32, 64), "W": (64, 48), "B": (48,)})
     program.measure(db)
-    monkeypatch.setattr(orchestrate_module, "remeasure", _primitives_alone_take(1.0))
+    monkeypatch.setattr(orchestrate_module, "in_place_times", _primitives_take(1.0))
     orchestrated, plan = orchestrate(program, {"Z"}, db)
     assert kind == "matmul" and [k.primitives for k in plan.shared] == [("Y", "Z")]
     assert [s.kernel.kind for s in orchestrated.steps] == ["eop"]
@@ -350,7 +349,7 @@ def test_the_plan_kept_is_the_one_whose_whole_run_is_faster(tmp_path, monkeypatc
     in turns."""
     db = MeasurementDB(tmp_path / "m.sqlite")
     program = _program(db)
-    monkeypatch.setattr(orchestrate_module, "remeasure", _primitives_alone_take(1.0))  # the BLP fuses
+    monkeypatch.setattr(orchestrate_module, "in_place_times", _primitives_take(1.0))  # the BLP fuses
     blp = orchestrate(program, {"B", "C"}, db)
     greedy = (program, orchestrate_module.Orchestration("greedy", figures={"fusions": 0}))
     for faster in ("blp", "greedy"):
