@@ -194,6 +194,33 @@ def _primitives_take(seconds: float):
     return in_place
 
 
+@given(dags(), st.data())
+@settings(max_examples=60, deadline=None)
+def test_each_trial_program_reads_only_what_it_makes_and_runs_each_candidate_once(reads, data):
+    """The trial programs that time candidates where the program runs them: every candidate
+    in exactly one trial, in its output's place; what a trial keeps reads only the graph's input
+    and what the trial makes (a primitive read by one that still runs is never dropped), and
+    required primitives always run."""
+    graph, n = _graph(reads), len(reads)
+    candidates = convex_candidates(graph, lambda _: True, max_primitives=4)
+    required = {n - 1} | set(data.draw(st.sets(st.integers(0, n - 1), max_size=2)))
+    members = [(i,) for i in range(n)] + candidates
+    trials = orchestrate_module._trials(graph, members, required)
+    assert trials[0] == ({}, set())  # the primitives as they are
+    placed = sorted(index for substitutes, _ in trials for index in substitutes.values())
+    assert placed == list(range(n, len(members)))
+    for substitutes, dropped in trials:
+        assert not dropped & required and not dropped & set(substitutes)
+        made = set()
+        for p in range(n):
+            if p in dropped:
+                continue
+            inside = members[substitutes[p]] if p in substitutes else (p,)
+            reads = {q for m in inside for q in graph.producers[m]} - set(inside)
+            assert reads <= made, (p, inside, reads - made)
+            made.add(p)
+
+
 def _program(db) -> CompiledProgram:
     """A = exp(X); B = 2 A; C = A + 1 (B and C the outputs), each its own TVM kernel."""
     n = (16, 16)
