@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -233,6 +234,9 @@ def plan_buffers(steps: Sequence[Step], unplanned: set[str]) -> BufferPlan:
     As onnxruntime's arena does: a model whose every intermediate had memory of its own wrote
     each into memory last touched a whole run earlier, far out of cache (MobileNetV2: 10.2 ms of
     kernels in the model against 7.1 ms for the same calls repeated on their buffers)."""
+    twice = sorted(name for name, n in Counter(s.kernel.output for s in steps).items() if n > 1)
+    if twice:  # the first one's readers would read the second one's buffer, planned for its own life
+        raise RuntimeError(f"a program makes {', '.join(twice)} more than once")
     last_read: dict[str, int] = {}
     for index, step in enumerate(steps):
         for name in tensor_shapes(step.kernel.expr):
@@ -547,7 +551,9 @@ def race_in_place(
                 replace(s, call=_stopwatch(s.call, samples.setdefault((i, k, j), []))) if i in live else s
                 for j, s in enumerate(found[k])
             ]
-        trial = CompiledProgram(steps, program.inputs, program.dtype, constants=program.constants, buffers=buffers)
+        trial = CompiledProgram(
+            _made_once(steps, timed=True), program.inputs, program.dtype, constants=program.constants, buffers=buffers
+        )
         trial.prepared = prepared
         trial.run(inputs)
         turn += 1
@@ -562,7 +568,27 @@ def race_in_place(
             continue
         best = min(live[i], key=lambda k: median(i, k))
         chosen += [replace(s, seconds=_median(samples[i, best, j])) for j, s in enumerate(found[best])]
-    return replace(program, steps=chosen, constants=dict(program.constants), buffers={}).prepare()
+    return replace(program, steps=_made_once(chosen), constants=dict(program.constants), buffers={}).prepare()
+
+
+def _made_once(steps: list[Step], timed: bool = False) -> list[Step]:
+    """``steps`` less each one whose tensor an earlier one makes (``timed``: each such one
+    writing a tensor of its own instead, read by none, so that a race still times it): two kernels taken
+    apart into their primitives make a primitive they both inlined twice (Korch's
+    recomputation), and a tensor made twice is one name for two planned buffers
+    (``plan_buffers`` refuses it)."""
+    made: set[str] = set()
+    kept = []
+    for step in steps:
+        name = step.kernel.output
+        if name not in made:
+            made.add(name)
+            kept.append(step)
+        elif timed:
+            again = next(f"{name}_again{k}" for k in itertools.count() if f"{name}_again{k}" not in made)
+            made.add(again)
+            kept.append(replace(step, kernel=step.kernel.renamed({name: again})))  # (the call takes out as given)
+    return kept
 
 
 def in_place_times(programs: Sequence[CompiledProgram], rounds: int = 6) -> list[list[list[float]]]:
