@@ -123,7 +123,7 @@ def orchestration_columns(programs: dict, seconds: dict) -> dict:
             f"blp_{k}": figures.get(k)
             for k in ("candidates", "seeded", "measured", "refused", "variables", "constraints", "solve_s", "gap")
         },
-        # the BLP's plan and the greedy one's in the BLP's terms (kernels timed in turns, summed)
+        # the BLP's plan and the greedy one's in the BLP's terms (kernels timed where trial programs ran them, summed)
         **{f"blp_{k}_ms": round(figures[k] * 1e3, 3) for k in ("seconds", "greedy_seconds") if k in figures},
     }
 

@@ -90,7 +90,8 @@ class Orchestration:
             )
             lines.append(
                 f"  {f['candidates']} candidate kernels ({f.get('seeded', 0)} of them the greedy plan's;"
-                f" {f['measured']} forms compiled and measured, {f['refused']} refused) in {f['measure_s']} s"
+                f" {f['measured']} forms compiled and checked, {f['refused']} refused; each timed where"
+                f" the program runs it, in {f.get('trials', 1)} trial programs) in {f['measure_s']} s"
             )
         if "variables" in f:
             lines.append(
