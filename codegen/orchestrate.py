@@ -151,15 +151,15 @@ def orchestrate(
     solver_time_limit: float = 10.0,
     seeds: Sequence[tuple[tuple[str, ...], Step]] = (),
 ) -> tuple[CompiledProgram, Orchestration]:
-    """Korch's orchestration of ``program``: candidate kernels of up to ``max_primitives``
-    eOperators compiled, checked and measured (until ``time_limit`` seconds have passed: the
-    candidates not reached yet are left out), then every candidate and primitive timed where the
-    program runs it (``_in_place``: the program with candidates in the place of their
-    primitives, such programs in turns), then the BLP's choice. ``required``: the tensors the program must still produce (the
-    model's outputs); the program's last output always is. ``seeds``: kernels already compiled
-    and checked that compute several primitives (the outputs of those primitives, and the
-    step; ``fused_kernels`` of the greedy plan), candidates too, of any size: the greedy plan is
-    then one the BLP can choose, and its choice is at least as fast in the BLP's terms."""
+    """Korch's orchestration of ``program``: candidate kernels of up to ``max_primitives`` eOperators
+    compiled, checked and measured (until ``time_limit`` seconds have passed: the candidates not
+    reached yet are left out), then every candidate and primitive timed where the program runs it
+    (``_in_place``: the program with candidates in the place of their primitives, such programs in
+    turns), then the BLP's choice. ``required``: the tensors the program must still produce (the
+    model's outputs); the program's last output always is. ``seeds``: kernels already compiled and
+    checked that compute several primitives (the outputs of those primitives, and the step;
+    ``fused_kernels`` of the greedy plan), candidates too, of any size: the greedy plan is then one
+    the BLP can choose, and its choice is at least as fast in the BLP's terms."""
     timed = program._timed()
     graph = Primitives.of([s.kernel for s in timed])
     forms: dict[tuple, Step | None] = {}  # canonical form -> its compiled step (None: refused)
@@ -198,7 +198,7 @@ def orchestrate(
     reached = {key for _, _, key in candidates if key in forms}  # (the time limit leaves out the rest)
     measured, refused = (len({key for key in reached if (forms[key] is None) == none}) for none in (False, True))
     candidates = [c for c in candidates if c[2] in reached and forms[c[2]] is not None]
-    made = [s for s in timed] + [
+    made = list(timed) + [
         forms[key].renamed({v: k for k, v in _names(kernel).items()}, program.dtype) for _, kernel, key in candidates
     ]
     members = [(i,) for i in range(len(timed))] + [m for m, _, _ in candidates]
@@ -279,13 +279,13 @@ def _in_place(
 def _trials(
     graph: Primitives, members: list[tuple[int, ...]], required: set[int]
 ) -> list[tuple[dict[int, int], set[int]]]:
-    """Trial programs that together run every candidate kernel (``members``: each one's
-    primitives, output last; the primitives alone first) where the program would run it: the
-    first runs the primitives as they are; each other puts candidates whose primitives do not
-    overlap in the place of their output primitive, and drops the primitives whose outputs
-    only what it drops or replaces reads (the rest, and ``required`` ones, still run: a
-    program choosing the candidate computes them apart). Each trial: output primitive -> the candidate computing
-    it, and the primitives dropped."""
+    """Trial programs that together run every candidate kernel (``members``: each one's primitives,
+    output last; the primitives alone first) where the program would run it: the first runs the
+    primitives as they are; each other puts candidates whose primitives do not overlap in the place
+    of their output primitive, and drops the primitives whose outputs only what it drops or replaces
+    reads (the rest, and ``required`` ones, still run: a program choosing the candidate computes
+    them apart). Each trial: output primitive -> the candidate computing it, and the primitives
+    dropped."""
     readers: list[set[int]] = [set() for _ in graph.kernels]
     for consumer, producers in enumerate(graph.producers):
         for p in producers:

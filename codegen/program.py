@@ -572,11 +572,10 @@ def race_in_place(
 
 
 def _made_once(steps: list[Step], timed: bool = False) -> list[Step]:
-    """``steps`` less each one whose tensor an earlier one makes (``timed``: each such one
-    writing a tensor of its own instead, read by none, so that a race still times it): two kernels taken
-    apart into their primitives make a primitive they both inlined twice (Korch's
-    recomputation), and a tensor made twice is one name for two planned buffers
-    (``plan_buffers`` refuses it)."""
+    """``steps`` less each one whose tensor an earlier one makes (``timed``: each such one writing a
+    tensor of its own instead, read by none, so that a race still times it): two kernels taken apart
+    into their primitives make a primitive they both inlined twice (Korch's recomputation), and a
+    tensor made twice is one name for two planned buffers (``plan_buffers`` refuses it)."""
     made: set[str] = set()
     kept = []
     for step in steps:
