@@ -5,10 +5,12 @@ share a kernel.
 (``rewriter.lower.orchestrate``), compiles and measures every candidate kernel (a convex set of
 eOperators with one output, fused into one TVM kernel, where a producer its reader reads once and
 element-wise joins the reader's loop nest: ``codegen.tvm_kernel``, SOUFFLE's vertical
-transformation), checks each against its primitives apart on random inputs, and lets the binary
-linear program choose. Candidates equal up to tensor names (a transformer's repeated layers) are
-compiled, checked and measured once. SIRIUS's dependence widths (``rewriter.lower.dependence``)
-order the candidates measured first and label each shared kernel's inner edges.
+transformation), checks each against its primitives apart on random inputs, times each where the
+program runs it (trial programs with candidates in the place of their primitives, in turns), and
+lets the binary linear program choose. Candidates equal up to tensor names (a transformer's
+repeated layers) are compiled and checked once. SIRIUS's dependence widths
+(``rewriter.lower.dependence``) order the candidates compiled first and label each shared
+kernel's inner edges.
 
 ``fuse_boundaries`` is the greedy baseline (OLLIE 5.4 post-processing): an eOperator that ends
 one subprogram is fused into the eOperator that alone reads it, pair by pair, where that
