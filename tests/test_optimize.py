@@ -141,9 +141,9 @@ def test_ctrl_c_keeps_what_was_derived_and_runs_the_rest_as_written(tmp_path, mo
 @pytest.mark.parametrize("name", ["srcnn", "gcn", "infogan", "dcgan", "resnet18", "csrnet", "longformer"])
 def test_every_zoo_model_optimizes_saves_and_runs_in_a_new_process(name, tmp_path):
     """Issue acceptance, small sizes: each zoo model optimized end to end (search depth 1), saved,
-    then loaded and run by ``rewriter run`` in a fresh process, matching onnxruntime. 45-120 s
-    each on a 2-core AMD Zen 3, so with ``RUN_SLOW=1``; the default run does this for SRCNN in
-    ``test_cli``. The optimizer shares the suite's kernel cache, as a user's runs share theirs;
+    then loaded and run by ``rewriter run`` in a fresh process, matching onnxruntime. Slow (SRCNN
+    46 s, GCN 121 s on a 2-core AMD Zen 3), so with ``RUN_SLOW=1``; the default run does this for
+    SRCNN in ``test_cli``. The optimizer shares the suite's kernel cache, as a user's runs share theirs;
     ``run`` gets an empty one, so everything it runs comes from the saved program."""
     pytest.importorskip("onnx")
     from rewriter import zoo

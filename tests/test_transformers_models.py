@@ -121,7 +121,7 @@ def close(got, want):
 
 
 # 40-70 s each optimized on a 2-core Zen 3 with an empty kernel cache: with RUN_SLOW=1, so that the
-# default run (an encoder, a decoder, a CNN in blocked layouts, RoBERTa) stays well under 20 minutes
+# default run (an encoder, a decoder, a CNN in blocked layouts, RoBERTa) stays under 20 minutes there
 SLOW = {"convnext", "mobilenetv2", "segformer", "t5", "vit", "wav2vec2"}
 
 
