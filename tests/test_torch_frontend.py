@@ -364,6 +364,23 @@ def test_compiled_module_matches_eager_without_falling_back(monkeypatch):
         close(flat(got), flat(module(X)))
 
 
+def test_an_empty_parameter_dynamo_hands_over_is_never_read(monkeypatch):
+    """Dynamo hands parameters over as graph inputs, an empty one too (YOLOS's middle position
+    embeddings with one layer): the program leaves it out where a cat reads it, and takes it
+    without reading it on every run."""
+    runs = compiled_runs(monkeypatch)
+    module = Lambda(lambda s, x: torch.cat([s.none[:, 1:], s.lin(x)], 0), lin=nn.Linear(3, 4)).eval()
+    module.none = nn.Parameter(torch.zeros(0, 5))
+    x = torch.randn(2, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(module, backend=rewriter_backend, options={"max_depth": 1})(x)
+    assert not [w for w in caught if "rewriter" in str(w.message)]
+    assert len(runs) == 1 and (0, 5) in runs[0].inputs.values()  # the empty one, taken
+    with torch.no_grad():
+        close(flat(got), flat(module(x)))
+
+
 def test_unsupported_graph_falls_back_with_a_warning(monkeypatch):
     runs = compiled_runs(monkeypatch)
     module = Lambda(lambda s, x: torch.sort(s.lin(x), -1)[0], lin=nn.Linear(3, 4)).eval()

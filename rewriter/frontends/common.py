@@ -58,11 +58,13 @@ class Model:
     proto: object = field(default=None, repr=False)  # the onnx.ModelProto it was imported from, if any
 
     def feeds(self, inputs: Mapping[str, object]) -> dict[str, object]:
-        """The program's input tensors for ``evaluate``: ``inputs`` (by model name) and the weights."""
+        """The program's input tensors for ``evaluate``: ``inputs`` (by model name) and the weights.
+        Every model input is asked for; one the program has no tensor for (an empty one, with a
+        size-0 axis) is left out."""
         missing = sorted(set(self.inputs) - set(inputs))
         if missing:
             raise FrontendError(f"missing model input(s): {', '.join(missing)}")
-        return {**self.weights, **{self.names[name]: inputs[name] for name in self.inputs}}
+        return {**self.weights, **{self.names[name]: inputs[name] for name in self.inputs if name in self.names}}
 
     def run(self, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Evaluate the program (reference semantics) on inputs by model name; outputs by model name."""

@@ -228,11 +228,16 @@ class _Build:
         self.constants = dict(constants)
         self.inputs = inputs
         self.names = Names()
-        self.values: dict[str, Tensor] = {name: Tensor(self.names(name), shape) for name, shape in inputs.items()}
+        # values with no elements (a size-0 axis) are never defined: only a cat reads one, and
+        # leaves it out. Dynamo hands an empty parameter over as a graph input (YOLOS's middle
+        # position embeddings with one layer), which the program then never reads.
+        self.empty: set[str] = {name for name, shape in inputs.items() if 0 in shape}
+        self.values: dict[str, Tensor] = {
+            name: Tensor(self.names(name), shape) for name, shape in inputs.items() if name not in self.empty
+        }
         self.weights: dict[str, np.ndarray] = {}
         self.definitions: list[tuple[str, Scope]] = []
         self.folded_batch_norms: set[str] = set()  # batch norms a convolution has taken in
-        self.empty: set[str] = set()  # calls whose result has no elements: not defined
 
     def run(self, graph, foldable: set[str]) -> Model:
         for fx in graph.nodes:
@@ -256,7 +261,7 @@ class _Build:
             raise TorchImportError(f"{_op_key(fx)} node {fx.name!r}: folding it at build time fails: {err}") from None
 
     def define(self, node: "_Node") -> None:
-        if 0 in getattr(node.fx.meta.get("val"), "shape", ()):  # empty: only a cat reads it, and leaves it out
+        if 0 in getattr(node.fx.meta.get("val"), "shape", ()):
             self.empty.add(node.name)
             return
         try:
