@@ -291,6 +291,14 @@ def _graph_cases():
     nots = [helper.make_node("Greater", ["x", "half"], ["g"]), helper.make_node("Not", ["g"], ["n"])]
     nots.append(helper.make_node("Where", ["n", "x", "half"], ["y"]))
     cases["Not"] = graph_model(nots, {"x": (2, 5)}, constants={"half": np.float32(0.5)})
+    arg_max = [  # on floors, so that ties are common: the first and the last of the largest
+        helper.make_node("Floor", ["x"], ["f"]),
+        helper.make_node("ArgMax", ["f"], ["first"], axis=1, keepdims=0),
+        helper.make_node("ArgMax", ["f"], ["last"], axis=-1, select_last_index=1),
+        helper.make_node("Cast", ["first"], ["y0"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["last"], ["y1"], to=TensorProto.FLOAT),
+    ]
+    cases["ArgMax"] = graph_model(arg_max, {"x": (3, 6, 5)}, ("y0", "y1"))
     split = helper.make_node("Split", ["x", "sizes"], ["y0", "y1", "y2"], axis=1)
     cases["Split"] = graph_model([split], {"x": (2, 7, 3)}, ("y0", "y1", "y2"), constants={"sizes": i64(2, 4, 1)})
     return cases

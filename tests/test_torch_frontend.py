@@ -202,7 +202,10 @@ def position_ids(s, ids):
 def advanced_indexing(s, x, ids):
     """One index tensor (constant, or known only at run time), and joint indexing by constant
     tensors on adjacent axes (their broadcast shape stays in place) and on axes apart (it goes
-    first, as numpy places it)."""
+    first, as numpy places it), by a constant and a run-time one (a decoder's sequence
+    classification: ``logits[arange(b), argmax(..)]``), and by two run-time ones, one negative.
+    Argmax with ties (on floors), along an axis and of the flattened tensor."""
+    last = x.floor().sum((2, 3)).argmax(-1)
     return (
         x[:, torch.tensor([[2, 0], [1, -1]])],
         x[:, :, ids],
@@ -210,6 +213,10 @@ def advanced_indexing(s, x, ids):
         x[torch.tensor([1, 0]), :, torch.tensor([3, -4])],
         torch.index_select(x, 3, ids),
         torch.index_select(x, 1, torch.tensor([3, 1, 1])),
+        x[torch.arange(x.shape[0]), last],
+        x[:, :, ids, ids.flip(0) - 8],
+        x.floor().argmax(1),
+        x.floor().argmax(),
     )
 
 

@@ -67,6 +67,10 @@ TEXT = {
         T.GPTJConfig(n_embd=32, n_layer=1, n_head=2, rotary_dim=8, attn_implementation="eager")
     ),
     "llama": lambda: T.LlamaModel(T.LlamaConfig(num_key_value_heads=1, **DECODER)),
+    # the logits at the last token that is not padding (an argmax, then joint indexing)
+    "llama_classifier": lambda: T.LlamaForSequenceClassification(
+        T.LlamaConfig(num_key_value_heads=1, pad_token_id=0, num_labels=3, **DECODER)
+    ),
     "mistral": lambda: T.MistralModel(T.MistralConfig(num_key_value_heads=1, **DECODER)),
     "mobilebert": lambda: T.MobileBertModel(
         T.MobileBertConfig(

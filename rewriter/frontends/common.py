@@ -30,7 +30,7 @@ from rewriter.ir import (
     Tensor,
     Var,
 )
-from rewriter.ir.builders import ceil, compare, floor, where
+from rewriter.ir.builders import ceil, compare, floor, reduce_max, sub, where
 from rewriter.semantics import evaluate
 
 
@@ -193,6 +193,27 @@ def gather_elements(
     if not isinstance(indices, Tensor):
         indices = constant(np.asarray(indices).astype(np.float32))
     return Opaque("gather_elements", (data, indices), (("axis", axis % data.rank),))
+
+
+def arg_max(
+    x: Tensor, axis: int | None, keepdims: bool, constant: Callable[[np.ndarray], Tensor], last: bool = False
+) -> Scope:
+    """ONNX ArgMax, torch's argmax (``axis`` None: of the flattened tensor): the position of the
+    largest element along ``axis``, the first one where several are (the last with ``last``),
+    as float data. The scopes' language has no positions as values, so a weight made by
+    ``constant`` holds them, counted from the end for the first occurrence (``P[k] = n-1-k``),
+    and the largest of those where ``x`` equals its maximum is taken::
+
+        n-1 - max_k select(x[.., k, ..] == max(x)[.., 0, ..], P[k]) + select(1 - (..), -1)
+    """
+    axes = tuple(range(x.rank)) if axis is None else (axis % x.rank,)
+    extents = [x.shape[a] if a in axes else 1 for a in range(x.rank)]
+    count = math.prod(extents)
+    flat = np.arange(count, dtype=np.float32).reshape(extents)
+    positions = constant(flat if last else count - 1 - flat)
+    peak = reduce_max(x, axes, keepdims=True)
+    found = reduce_max(where(compare("equal", x, peak), positions, -1.0), axes, keepdims)
+    return found if last else sub(float(count - 1), found)
 
 
 def cast(source: Tensor, kind: str) -> Scope:

@@ -88,6 +88,7 @@ from .common import (
     FrontendError,
     Model,
     Names,
+    arg_max,
     batch_norm_affine,
     broadcast_to,
     cast,
@@ -796,6 +797,13 @@ def _cumsum(node: _Node) -> Scope:
     return cumsum(node.tensor(0), axis, bool(node.attr("exclusive", 0)), bool(node.attr("reverse", 0)))
 
 
+def _arg_max(node: _Node) -> Scope:
+    """ArgMax: the position of the largest element along ``axis`` (``arg_max``)."""
+    last = bool(node.attr("select_last_index", 0))
+    constant = lambda values: node.weight("positions", values)  # noqa: E731
+    return arg_max(node.tensor(0), node.attr("axis", 0), bool(node.attr("keepdims", 1)), constant, last)
+
+
 def _not(node: _Node) -> Scope:
     return elementwise(node.tensor(0), lambda read: 1.0 - read)
 
@@ -1245,6 +1253,7 @@ SUPPORTED_OPS: dict[str, _Op] = {
     "Gather": _op(_gather, "axis"),
     "GatherElements": _op(_gather_elements, "axis"),
     "CumSum": _op(_cumsum, "exclusive", "reverse"),
+    "ArgMax": _op(_arg_max, "axis", "keepdims", "select_last_index"),
     "Einsum": _op(_einsum, "equation"),
     "Not": _op(_not),
     "Split": _op(_split, "axis", "split", "num_outputs", outputs=True),

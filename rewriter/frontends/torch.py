@@ -80,6 +80,7 @@ from .common import (
     FrontendError,
     Model,
     Names,
+    arg_max,
     batch_norm_affine,
     broadcast_to,
     cast,
@@ -624,6 +625,13 @@ def _cumsum(node: _Node) -> Scope:
     return cumsum(node.tensor(0), node.arg(1))
 
 
+def _argmax(node: _Node) -> Scope:
+    """``argmax(x, dim, keepdim)``: the position of the largest element along ``dim``, of the
+    flattened tensor where dim is None (``arg_max``)."""
+    constant = lambda values: node.weight("positions", values)  # noqa: E731
+    return arg_max(node.tensor(0), node.arg(1), bool(node.arg(2)), constant)
+
+
 def _gather_elements(node: _Node) -> Opaque:
     """``gather(x, dim, index)``."""
     index = node.const(2)
@@ -727,10 +735,10 @@ def _embedding(node: _Node) -> Scope | Opaque:
 
 def _index(node: _Node) -> Scope | Opaque:
     """``index(x, [None, ..., idx, ...])``, ``x[:, :, idx]``: one index tensor is a gather along
-    its axis (a view where constant indices step evenly). Several constant index tensors (numpy's
-    joint advanced indexing, ``x[:, i, j]``) are one gather of a view that merges their axes, at
-    the flat positions they name; where those axes are not adjacent the merged one goes first, as
-    numpy places them."""
+    its axis (a view where constant indices step evenly). Several index tensors (numpy's joint
+    advanced indexing, ``x[:, i, j]``) are one gather of a view that merges their axes, at the
+    flat positions they name (a constant where all are, else a definition: ``_flat_positions``);
+    where those axes are not adjacent the merged one goes first, as numpy places them."""
     chosen = [(axis, fx) for axis, fx in enumerate(node.arg(1)) if fx is not None]
     data = node.tensor(0)
     values = [_numpy(node.build.constants[fx.name]) if fx.name in node.build.constants else None for _, fx in chosen]
@@ -738,20 +746,39 @@ def _index(node: _Node) -> Scope | Opaque:
         ((axis, fx),) = chosen
         indices = node.build.tensor(fx) if values[0] is None else values[0]
         return gather(data, indices, axis, lambda found: node.weight("indices", found))
-    if any(v is None for v in values):
-        raise node.error(f"indexing with {len(chosen)} index tensors known only at run time is not supported")
     axes = [axis for axis, _ in chosen]
     sizes = [data.shape[axis] for axis in axes]
-    arrays = [np.asarray(v).astype(np.int64) for v in np.broadcast_arrays(*values)]
-    for axis, size, array in zip(axes, sizes, arrays):
-        outside = (array < -size) | (array >= size)
-        if outside.any():
+    for axis, size, array in zip(axes, sizes, values):
+        array = None if array is None else np.asarray(array).astype(np.int64)
+        outside = None if array is None else (array < -size) | (array >= size)
+        if outside is not None and outside.any():
             raise node.error(f"index {int(array[outside].flat[0])} is out of range for axis {axis} (size {size})")
-    arrays = [array % size for array, size in zip(arrays, sizes)]
     place = axes[0] if axes == list(range(axes[0], axes[0] + len(axes))) else 0
     merged = node.build.intermediate(f"{node.name}_merged", _merged_axes(data, axes, place))
-    flat = np.ravel_multi_index(tuple(arrays), sizes)
-    return gather(merged, flat, place, lambda found: node.weight("indices", found))
+    if all(v is not None for v in values):
+        arrays = [np.asarray(v).astype(np.int64) % size for v, size in zip(np.broadcast_arrays(*values), sizes)]
+        flat = np.ravel_multi_index(tuple(arrays), sizes)
+        return gather(merged, flat, place, lambda found: node.weight("indices", found))
+    indices = [node.build.tensor(fx) if v is None else v for (_, fx), v in zip(chosen, values)]
+    constant = lambda found: node.weight("indices", found)  # noqa: E731
+    positions = node.build.intermediate(f"{node.name}_positions", _flat_positions(indices, sizes, constant))
+    return gather(merged, positions, place, constant)
+
+
+def _flat_positions(indices: Sequence[Tensor | np.ndarray], sizes: Sequence[int], constant: Callable) -> Scope:
+    """Where joint index tensors, some known only at run time (GPT-2's sequence classification:
+    ``logits[arange(b), last]``), point in their axes merged row-major: ``sum_k stride_k *
+    idx_k``, broadcast, a negative run-time index counted from its axis's end."""
+    total, stride = None, 1
+    for index, size in reversed(list(zip(indices, sizes))):
+        if isinstance(index, Tensor):
+            index = add(index, mul(compare("less", index, 0.0), float(size)))
+        else:
+            index = constant((np.asarray(index).astype(np.int64) % size).astype(np.float32))
+        term = index if stride == 1 else mul(index, float(stride))
+        total = term if total is None else add(term, total)
+        stride *= size
+    return total
 
 
 def _index_select(node: _Node) -> Scope | Opaque:
@@ -963,6 +990,7 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
     "aten._to_copy.default": _to_copy,
     "aten._assert_tensor_metadata.default": _no_op,
     "aten.cumsum.default": _cumsum,
+    "aten.argmax.default": _argmax,
     "aten.flip.default": _flip,
     "aten.remainder.Scalar": _remainder,
     "aten.remainder.Tensor": _remainder,
