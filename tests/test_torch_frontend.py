@@ -220,6 +220,13 @@ def advanced_indexing(s, x, ids):
     )
 
 
+def strided_views(s, x):
+    """``as_strided`` of a contiguous tensor: overlapping windows (x's axes split back from flat
+    positions), and the one adaptive pooling of a transposed tensor to one element decomposes into
+    (Swin's classifier: the mean's result given the strides of its transposed input)."""
+    return x.as_strided((3, 5, 4), (37, 9, 2), 3) * 2, F.adaptive_avg_pool1d(x.flatten(2).transpose(1, 2), 1)
+
+
 def slice_assignment(s, x):
     """``y[:, 1:3] = ...`` and a strided one: slice_scatter after export."""
     y, z = x.clone(), x.clone()
@@ -260,6 +267,7 @@ MODULES = {
     "group_norm": (lambda: nn.Sequential(nn.Conv2d(4, 6, 1), nn.GroupNorm(3, 6), nn.GroupNorm(6, 6)), X),
     "upsampling": (lambda: Lambda(upsampling), X),
     "slice_assignment": (lambda: Lambda(slice_assignment), X),
+    "strided_views": (lambda: Lambda(strided_views), X),
     "batch_statistics": (lambda: Lambda(batch_statistics), X),
     "advanced_indexing": (lambda: Lambda(advanced_indexing), X, torch.tensor([7, 0, 3])),
     "position_ids": (
@@ -332,6 +340,9 @@ def test_handler_errors_name_the_node():
     outside = Lambda(lambda s, x: x[:, torch.tensor([0, 4]), torch.tensor([1, 2])])  # axis 1 has 4
     with pytest.raises(TorchImportError, match=r"aten.index.Tensor node 'index': index 4 is out of range for axis 1"):
         from_torch(outside, (X,))
+    storage = Lambda(lambda s, x: x.transpose(2, 3).as_strided((2, 4), (1, 2)))  # torch's storage, not x's values
+    with pytest.raises(TorchImportError, match=r"aten.as_strided.default node 'as_strided': .* not contiguous"):
+        from_torch(storage, (X,))
 
 
 def test_training_mode_is_refused():

@@ -170,6 +170,10 @@ IMAGE = {
     "swin": lambda: T.SwinModel(
         T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4)
     ),
+    # its classifier pools a transposed tensor: the decomposition's as_strided
+    "swin_classifier": lambda: T.SwinForImageClassification(
+        T.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4)
+    ),
     "yolos": lambda: T.YolosModel(
         T.YolosConfig(num_detection_tokens=4, **{**VISION, "image_size": [32, 32]}), add_pooling_layer=False
     ),

@@ -37,6 +37,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rewriter.index import affine_index, simplify
 from rewriter.ir import Binary, ExpressionError, Index, Lit, Num, Opaque, Program, Scope, Tensor, Unary, Var, smax
 from rewriter.ir.builders import (
     absolute,
@@ -832,6 +833,30 @@ def _view(node: _Node) -> Scope:
     return _reshaped(node, node.tensor(0), node.shape)
 
 
+def _as_strided(node: _Node) -> Tensor | Scope:
+    """``as_strided(x, size, stride, offset)`` of a contiguous x (its elements in row-major
+    order, as a program holds them): element ``i`` reads x's flat position ``offset + sum_k
+    stride_k * i_k``, split back into x's axes (quasi-affine reads, simplified on the box).
+    Decompositions leave it (adaptive pooling of a 1x1 result, in Swin's classifier), most often
+    x itself."""
+    x, size, stride = node.tensor(0), node.arg(1), node.arg(2)
+    offset, given = node.arg(3) or 0, node.fx.args[0].meta.get("val")
+    if given is None or not given.is_contiguous() or given.storage_offset():
+        raise node.error("as_strided of a tensor that is not contiguous reads torch's storage, which a program lacks")
+    its = iterators(size)
+    flat = affine_index({it.name: step for it, step in zip(its, stride) if it.size > 1}, offset)
+    last = offset + sum((n - 1) * step for n, step in zip(size, stride))
+    if min(stride, default=0) < 0 or last >= math.prod(x.shape):
+        raise node.error(f"as_strided reads position {last}, past the {math.prod(x.shape)} elements of its input")
+    reads, step = [], 1
+    for extent in reversed(x.shape):
+        reads.insert(0, Lit(0) if extent == 1 else simplify((flat // step) % extent, its))
+        step *= extent
+    if tuple(size) == x.shape and all(ix == it.var for ix, it in zip(reads, its) if it.size > 1):
+        return x
+    return Scope(its, (), x[tuple(reads)])
+
+
 def _expand(node: _Node) -> Scope:
     """Broadcast to the result's shape: a size-1 axis that grows is read at 0."""
     return broadcast_to(node.tensor(0), node.shape)
@@ -1013,6 +1038,7 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
     "aten.unsqueeze.default": _view,
     "aten.squeeze.dims": _view,
     "aten.expand.default": _expand,
+    "aten.as_strided.default": _as_strided,
     "aten.permute.default": _permute,
     "aten.select.int": _select,
     "aten.slice.Tensor": _slice_tensor,
