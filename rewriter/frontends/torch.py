@@ -749,10 +749,10 @@ def _index(node: _Node) -> Scope | Opaque:
         return gather(data, indices, axis, lambda found: node.weight("indices", found))
     axes = [axis for axis, _ in chosen]
     sizes = [data.shape[axis] for axis in axes]
-    for axis, size, array in zip(axes, sizes, values):
-        array = None if array is None else np.asarray(array).astype(np.int64)
-        outside = None if array is None else (array < -size) | (array >= size)
-        if outside is not None and outside.any():
+    for axis, size, value in zip(axes, sizes, values):
+        array = np.asarray(value if value is not None else 0).astype(np.int64)
+        outside = (array < -size) | (array >= size)
+        if outside.any():
             raise node.error(f"index {int(array[outside].flat[0])} is out of range for axis {axis} (size {size})")
     place = axes[0] if axes == list(range(axes[0], axes[0] + len(axes))) else 0
     merged = node.build.intermediate(f"{node.name}_merged", _merged_axes(data, axes, place))
@@ -846,7 +846,9 @@ def _as_strided(node: _Node) -> Tensor | Scope:
     its = iterators(size)
     flat = affine_index({it.name: step for it, step in zip(its, stride) if it.size > 1}, offset)
     last = offset + sum((n - 1) * step for n, step in zip(size, stride))
-    if min(stride, default=0) < 0 or last >= math.prod(x.shape):
+    if min(stride, default=0) < 0:
+        raise node.error(f"as_strided with a negative stride {tuple(stride)} is not supported")
+    if last >= math.prod(x.shape):
         raise node.error(f"as_strided reads position {last}, past the {math.prod(x.shape)} elements of its input")
     reads, step = [], 1
     for extent in reversed(x.shape):
