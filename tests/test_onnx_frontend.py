@@ -299,6 +299,29 @@ def _graph_cases():
         helper.make_node("Cast", ["last"], ["y1"], to=TensorProto.FLOAT),
     ]
     cases["ArgMax"] = graph_model(arg_max, {"x": (3, 6, 5)}, ("y0", "y1"))
+    for op in ("And", "Or", "Xor"):  # y = where(floor(a) > 0 op floor(b) < 0, a, b)
+        nodes = [
+            helper.make_node("Floor", ["a"], ["fa"]),
+            helper.make_node("Floor", ["b"], ["fb"]),
+            helper.make_node("Greater", ["fa", "zero"], ["pa"]),
+            helper.make_node("Less", ["fb", "zero"], ["nb"]),
+            helper.make_node(op, ["pa", "nb"], ["c"]),
+            helper.make_node("Where", ["c", "a", "b"], ["y"]),
+        ]
+        cases[op] = graph_model(nodes, {"a": (2, 3, 4), "b": (3, 4)}, constants={"zero": np.float32(0.0)})
+    mask = np.array([[True, False, True, True], [False] * 4, [True] * 4])  # row 1 masked everywhere
+    is_nan = [  # attention's export with a boolean mask: -inf where masked, NaN rows of a softmax zeroed
+        helper.make_node("Where", ["mask", "zero", "minus_inf"], ["bias"]),
+        helper.make_node("Add", ["x", "bias"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("IsNaN", ["p"], ["nan"]),
+        helper.make_node("Where", ["nan", "zero", "p"], ["y0"]),
+        helper.make_node("Sqrt", ["x"], ["root"]),  # NaN where x < 0
+        helper.make_node("IsNaN", ["root"], ["negative"]),
+        helper.make_node("Where", ["negative", "x", "root"], ["y1"]),
+    ]
+    constants = {"mask": mask, "zero": np.float32(0.0), "minus_inf": np.float32(-np.inf)}
+    cases["IsNaN"] = graph_model(is_nan, {"x": (2, 3, 4)}, ("y0", "y1"), constants=constants)
     split = helper.make_node("Split", ["x", "sizes"], ["y0", "y1", "y2"], axis=1)
     cases["Split"] = graph_model([split], {"x": (2, 7, 3)}, ("y0", "y1", "y2"), constants={"sizes": i64(2, 4, 1)})
     return cases

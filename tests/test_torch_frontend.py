@@ -227,6 +227,20 @@ def strided_views(s, x):
     return x.as_strided((3, 5, 4), (37, 9, 2), 3) * 2, F.adaptive_avg_pool1d(x.flatten(2).transpose(1, 2), 1)
 
 
+def masks(s, x, y):
+    """Bool tensors: logical and bitwise and, or, xor; comparisons with -inf (a masked fill's);
+    isnan of a square root; and a softmax over rows masked everywhere (row 0 of each image), its
+    NaNs zeroed as attention's safe softmax does."""
+    a, b = x > 0, y < 0.5
+    kept = a & (torch.arange(x.shape[-2])[:, None] > 0)
+    scores = x.masked_fill(~kept, float("-inf"))
+    p = torch.softmax(scores, -1)
+    logic = (a | b).float() + (a ^ b).float() + torch.logical_xor(a, b).float() + torch.logical_and(a, b).float()
+    logic = logic + torch.logical_or(a, b).float()
+    infinite = (scores == float("-inf")).float() + (scores > float("-inf")).float() + (float("-inf") < scores).float()
+    return logic, torch.where(p.isnan(), 0.0, p), torch.where(x.sqrt().isnan(), x, x.sqrt()), infinite
+
+
 def slice_assignment(s, x):
     """``y[:, 1:3] = ...`` and a strided one: slice_scatter after export."""
     y, z = x.clone(), x.clone()
@@ -268,6 +282,7 @@ MODULES = {
     "upsampling": (lambda: Lambda(upsampling), X),
     "slice_assignment": (lambda: Lambda(slice_assignment), X),
     "strided_views": (lambda: Lambda(strided_views), X),
+    "masks": (lambda: Lambda(masks), X, torch.rand(2, 4, 8, 8)),
     "batch_statistics": (lambda: Lambda(batch_statistics), X),
     "advanced_indexing": (lambda: Lambda(advanced_indexing), X, torch.tensor([7, 0, 3])),
     "position_ids": (
@@ -343,6 +358,12 @@ def test_handler_errors_name_the_node():
     storage = Lambda(lambda s, x: x.transpose(2, 3).as_strided((2, 4), (1, 2)))  # torch's storage, not x's values
     with pytest.raises(TorchImportError, match=r"aten.as_strided.default node 'as_strided': .* not contiguous"):
         from_torch(storage, (X,))
+
+
+def test_bitwise_operations_on_integers_are_refused():
+    integers = Lambda(lambda s, x: (x.long() & x.long().flip(0)).float())
+    with pytest.raises(TorchImportError, match=r"bitwise_and.Tensor node 'bitwise_and': .* torch.int64 .* bool"):
+        from_torch(integers, (X,))
 
 
 def test_training_mode_is_refused():

@@ -13,6 +13,9 @@ default one leaves the output all zeros or below 1e-6 (the batch-norm stacks of 
 MobileViT, LeViT and MobileNetV1), where a comparison would show nothing.
 """
 
+import io
+import warnings
+
 import numpy as np
 import pytest
 
@@ -21,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from test_transformers_models import FirstOutput, exported  # noqa: E402
+from test_transformers_models import FirstOutput, Masked, exported, padded  # noqa: E402
 
 from rewriter.frontends.onnx import load_onnx  # noqa: E402
 from rewriter.frontends.torch import from_torch, register  # noqa: E402
@@ -262,3 +265,24 @@ def test_a_decoder_through_torch_compile_runs_without_falling_back(recwarn):
         got = torch.compile(module, backend="rewriter", dynamic=False, options=options)(ids).numpy()
         close(got, module(ids).numpy())
     assert not [w for w in recwarn if "runs the original graph" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    "name, side", [("distilbert", "right"), ("llama", "left"), ("mistral", "left"), ("opt", "left")]
+)
+def test_with_an_attention_mask_both_front_ends_compute_what_the_module_does(name, side):
+    """Token ids and a mask of padding, as models are served: boolean masks (and, or, ~), -inf
+    where masked, and (padded on the left) rows masked everywhere, which a safe softmax zeroes."""
+    module, (ids, mask) = Masked(TEXT[name]().eval()).eval(), padded(side)
+    with torch.no_grad():
+        want = module(ids, mask).numpy()
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (ids, mask), buffer, opset_version=17, dynamo=False, input_names=["ids", "mask"])
+    (got,) = (
+        load_onnx(onnx.load_from_string(buffer.getvalue())).run({"ids": ids.numpy(), "mask": mask.numpy()}).values()
+    )
+    close(got, want)
+    model = from_torch(module, (ids, mask))
+    close(model.run(dict(zip(model.inputs, (ids.numpy(), mask.numpy()))))[model.outputs[0]], want)

@@ -30,7 +30,18 @@ from rewriter.ir import (
     Tensor,
     Var,
 )
-from rewriter.ir.builders import ceil, compare, floor, reduce_max, sub, where
+from rewriter.ir.builders import (
+    FLOAT32_MAX,
+    absolute,
+    ceil,
+    compare,
+    floor,
+    maximum,
+    mul,
+    reduce_max,
+    sub,
+    where,
+)
 from rewriter.semantics import evaluate
 
 
@@ -214,6 +225,36 @@ def arg_max(
     peak = reduce_max(x, axes, keepdims=True)
     found = reduce_max(where(compare("equal", x, peak), positions, -1.0), axes, keepdims)
     return found if last else sub(float(count - 1), found)
+
+
+LOGICAL = {"and": mul, "or": maximum, "xor": lambda a, b: absolute(sub(a, b))}
+
+
+def logical(op: str, a: Tensor | float, b: Tensor | float) -> Scope:
+    """``a and b``, ``a or b``, ``a xor b`` of masks (0/1 data), with broadcasting: ``a*b``,
+    ``max(a, b)``, ``|a - b|``."""
+    return LOGICAL[op](a, b)
+
+
+def is_nan(x: Tensor, softmax_of: tuple[Tensor, int] | None = None) -> Scope:
+    """ONNX IsNaN, torch's isnan: 1 where ``x`` is NaN. A NaN fails every comparison, so it is
+    ``1 - (x <= max) - (x > max)`` (not ``x != x``, which a compiler's simplifier folds to 0).
+
+    A program's arithmetic is finite (a -inf constant is -3.4e38, ``where``), so the NaN IEEE
+    arithmetic makes of a softmax over a row that is -inf everywhere (a fully masked attention
+    row) is not made; the export of attention with a boolean mask guards exactly that
+    (``Where(IsNaN(Softmax(s)), 0, ..)``). Where ``x`` is a softmax of ``source`` along an axis
+    (``softmax_of``), the row is NaN where the source's maximum along it is at or below
+    -FLOAT32_MAX / 2: every element masked."""
+    if softmax_of is None:
+        return elementwise(
+            x, lambda r: 1.0 - Binary("less_equal", r, Num(FLOAT32_MAX)) - Binary("greater", r, Num(FLOAT32_MAX))
+        )
+    source, axis = softmax_of[0], softmax_of[1] % x.rank
+    peak = reduce_max(source, axis, keepdims=True)
+    its = iterators(x.shape)
+    row = tuple(Lit(0) if k == axis else it.var for k, it in enumerate(its))
+    return Scope(its, (), Binary("less_equal", peak[row], Num(-FLOAT32_MAX / 2)))
 
 
 def cast(source: Tensor, kind: str) -> Scope:

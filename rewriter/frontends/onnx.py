@@ -97,7 +97,9 @@ from .common import (
     fresh,
     gather,
     gather_elements,
+    is_nan,
     iterators,
+    logical,
     resize,
     resize_weights,
     with_extent,
@@ -426,6 +428,7 @@ class _Build:
         self.names = Names()
         self.weights: dict[str, np.ndarray] = {}
         self.definitions: list[tuple[str, Scope]] = []
+        self.softmaxes: dict[str, tuple[Tensor, int]] = {}  # a Softmax's output -> its input and axis (IsNaN)
 
     def run(self, nodes, graph) -> Model:
         for name in self.inputs:
@@ -804,6 +807,16 @@ def _arg_max(node: _Node) -> Scope:
     return arg_max(node.tensor(0), node.attr("axis", 0), bool(node.attr("keepdims", 1)), constant, last)
 
 
+def _logical(op: str):
+    """And, Or, Xor of masks (``logical``)."""
+    return lambda node: logical(op, *_operands(node, (0, 1)))
+
+
+def _is_nan(node: _Node) -> Scope:
+    """IsNaN (``is_nan``), of a Softmax's output the rows that are -inf everywhere."""
+    return is_nan(node.tensor(0), node.build.softmaxes.get(node.proto.input[0]))
+
+
 def _not(node: _Node) -> Scope:
     return elementwise(node.tensor(0), lambda read: 1.0 - read)
 
@@ -912,6 +925,8 @@ def _normalised_exp(builder, name: str):
             raise node.error(
                 f"before opset 13 {name} normalises axes {axis}.. flattened; only the last axis (axis={x.rank - 1}) is supported"
             )
+        if name == "Softmax":
+            node.build.softmaxes[node.proto.output[0]] = (x, axis)
         return builder(x, axis)
 
     return handle
@@ -1256,6 +1271,10 @@ SUPPORTED_OPS: dict[str, _Op] = {
     "ArgMax": _op(_arg_max, "axis", "keepdims", "select_last_index"),
     "Einsum": _op(_einsum, "equation"),
     "Not": _op(_not),
+    "And": _op(_logical("and")),
+    "Or": _op(_logical("or")),
+    "Xor": _op(_logical("xor")),
+    "IsNaN": _op(_is_nan),
     "Split": _op(_split, "axis", "split", "num_outputs", outputs=True),
     "Unsqueeze": _op(_squeeze, "axes"),
     "Expand": _op(_expand),

@@ -89,7 +89,9 @@ from .common import (
     fold_batch_norm,
     gather,
     gather_elements,
+    is_nan,
     iterators,
+    logical,
     resize,
     resize_weights,
 )
@@ -568,15 +570,11 @@ _COMPARISONS = {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greate
 
 
 def _compare(op: str):
-    """``gt.Scalar``, ``lt.Tensor``, ...: a 0/1 mask. Against an infinite scalar (attention's
-    ``scores == -inf``) the mask of finite data is a constant, and it is built as one."""
+    """``gt.Scalar``, ``lt.Tensor``, ...: a 0/1 mask (against an infinite scalar, attention's
+    ``scores == -inf``, as ``compare`` takes one)."""
 
     def handle(node: _Node):
-        a, b = _operand(node, 0, 1), _operand(node, 1, 0)
-        if isinstance(b, float) and math.isinf(b):
-            holds = {"equal": False, "less": b > 0, "less_equal": b > 0, "greater": b < 0, "greater_equal": b < 0}[op]
-            return node.build.weight(node.name, np.full(node.shape, float(holds), np.float32))
-        return compare(op, a, b)
+        return compare(op, _operand(node, 0, 1), _operand(node, 1, 0))
 
     return handle
 
@@ -648,6 +646,37 @@ def _no_op(node: _Node) -> None:
 def _logical_not(node: _Node) -> Scope:
     """``not x`` on a mask (0/1 data): ``1 - x``."""
     return elementwise(node.tensor(0), lambda read: 1.0 - read)
+
+
+def _logical(op: str):
+    """``logical_and``/``or``/``xor``, and ``bitwise_and``/``or``/``xor`` of bool tensors (masks):
+    ``logical``."""
+
+    def handle(node: _Node) -> Scope:
+        _masks_only(node)
+        return logical(op, _operand(node, 0, 1), _operand(node, 1, 0))
+
+    return handle
+
+
+def _bitwise_not(node: _Node) -> Scope:
+    """``~x`` of a bool tensor: ``logical_not``."""
+    _masks_only(node)
+    return _logical_not(node)
+
+
+def _masks_only(node: _Node) -> None:
+    """Bitwise operations on integers have no float form: only bool tensors (masks) pass."""
+    given = [str(fx.meta["val"].dtype) for fx in node.fx.args[:2] if hasattr(fx, "meta")]
+    if "bitwise" in _op_key(node.fx) and any(dtype != "torch.bool" for dtype in given):
+        raise node.error(f"bitwise operations on {', '.join(given)} are supported on bool tensors (masks) only")
+
+
+def _isnan(node: _Node) -> Scope:
+    """``isnan(x)`` (``is_nan``), of a softmax's result the rows that are -inf everywhere."""
+    source = node.fx.args[0]
+    softmax = source.target if str(source.target).startswith(("aten._softmax", "aten._safe_softmax")) else None
+    return is_nan(node.tensor(0), (node.build.tensor(source.args[0]), source.args[1]) if softmax else None)
 
 
 def _any(node: _Node) -> Scope:
@@ -1012,6 +1041,13 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
     "aten.where.self": _where,
     "aten.mul.Scalar": _binary("*"),
     "aten.logical_not.default": _logical_not,
+    **{
+        f"aten.{kind}_{op}.{overload}": _logical(op)
+        for kind, overload in (("logical", "default"), ("bitwise", "Tensor"))
+        for op in ("and", "or", "xor")
+    },
+    "aten.bitwise_not.default": _bitwise_not,
+    "aten.isnan.default": _isnan,
     "aten.ne.Scalar": _not_equal,
     "aten.ne.Tensor": _not_equal,
     "aten._to_copy.default": _to_copy,

@@ -735,13 +735,39 @@ def power(a: Operand | float, b: Operand | float) -> Scope:
 @_builder("compare")
 def compare(op: str, a: Operand | float, b: Operand | float) -> Scope:
     """A mask: ``op(a, b)`` is 1.0 where the comparison holds and 0.0 elsewhere, for op in less,
-    less_equal, greater, greater_equal, equal, with broadcasting (see ``binary``)."""
+    less_equal, greater, greater_equal, equal, with broadcasting (see ``binary``).
+
+    Against an infinite number (attention's ``scores == -inf``): constants are finite, an
+    infinity clamped to the float32 range (``where``), so a value past half of it is taken for
+    the infinity (``x == -inf`` is ``x <= -FLOAT32_MAX/2``; ``x >= -inf`` always holds)."""
     if op not in COMPARISONS:
         raise ExpressionError(f"unknown comparison {op!r}; known: {', '.join(COMPARISONS)}")
+    if _is_number(b) and math.isinf(b):
+        return _against_infinity(op, a, b)
+    if _is_number(a) and math.isinf(a):
+        return _against_infinity(_MIRRORED[op], b, a)
     return binary(op, a, b)
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
+_MIRRORED = {  # a op b is b mirrored(op) a
+    "less": "greater",
+    "less_equal": "greater_equal",
+    "greater": "less",
+    "greater_equal": "less_equal",
+    "equal": "equal",
+}
+
+
+def _against_infinity(op: str, x: Operand, infinity: float) -> Scope:
+    """``x op infinity`` where the program holds an infinity as a value past ``FLOAT32_MAX / 2``:
+    a comparison with that threshold, or a constant mask where it always or never holds."""
+    below = infinity < 0
+    always, never = {("greater_equal", True), ("less_equal", False)}, {("less", True), ("greater", False)}
+    if (op, below) in always | never:
+        return _map(lambda _: Num(float((op, below) in always)), _elementwise_operands([("a", x, "A")]))
+    as_threshold = {"equal": "less_equal" if below else "greater_equal"}.get(op, op)
+    return binary(as_threshold, x, -FLOAT32_MAX / 2 if below else FLOAT32_MAX / 2)
 
 
 @_builder("where")
