@@ -241,6 +241,20 @@ def masks(s, x, y):
     return logic, torch.where(p.isnan(), 0.0, p), torch.where(x.sqrt().isnan(), x, x.sqrt()), infinite
 
 
+def attention(s, q, k, v):
+    """``scaled_dot_product_attention``, kept whole: a boolean mask with a row masked everywhere
+    (its output 0, as torch's safe softmax gives), a float mask with a scale, causal, and grouped
+    heads (two of k's and v's for q's four)."""
+    rows, keys = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+    masked = (keys < 4) & (rows > 0)
+    return (
+        F.scaled_dot_product_attention(q, k, v, attn_mask=masked),
+        F.scaled_dot_product_attention(q, k, v, attn_mask=k.sum(-1)[..., None, :] * 0.1, scale=0.3),
+        F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        F.scaled_dot_product_attention(q, k[:, :2], v[:, :2], enable_gqa=True),
+    )
+
+
 def slice_assignment(s, x):
     """``y[:, 1:3] = ...`` and a strided one: slice_scatter after export."""
     y, z = x.clone(), x.clone()
@@ -283,6 +297,7 @@ MODULES = {
     "slice_assignment": (lambda: Lambda(slice_assignment), X),
     "strided_views": (lambda: Lambda(strided_views), X),
     "masks": (lambda: Lambda(masks), X, torch.rand(2, 4, 8, 8)),
+    "attention": (lambda: Lambda(attention), torch.randn(2, 4, 5, 8), torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 3)),
     "batch_statistics": (lambda: Lambda(batch_statistics), X),
     "advanced_indexing": (lambda: Lambda(advanced_indexing), X, torch.tensor([7, 0, 3])),
     "position_ids": (
@@ -374,7 +389,7 @@ def test_training_mode_is_refused():
 def test_every_supported_op_is_exercised():
     seen = set()
     for make, *inputs in MODULES.values():
-        graph = torch.export.export(randomise_batch_norms(make()), tuple(inputs)).run_decompositions().graph
+        graph = torch_frontend._export(randomise_batch_norms(make()), inputs).graph
         seen |= {torch_frontend._op_key(node) for node in graph.nodes if node.op == "call_function"}
     assert set(SUPPORTED_OPS) - seen == set()
 

@@ -201,6 +201,20 @@ def test_a_padded_sequence_with_its_attention_mask_optimizes_and_matches(name, s
         close(got, module(ids, mask).numpy())
 
 
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_a_batch_of_padded_sequences_imports_through_torch_export_and_matches(name):
+    """Two sequences, padded on the right and on the left, with their mask: attention is kept
+    whole through ``torch.export`` (where its decompositions break the view GPT-2 takes of its
+    output) and translated as one (``scaled_dot_product_attention``)."""
+    module = Masked(CONFIGS[name]().eval()).eval()
+    (right, mask_right), (left, mask_left) = padded("right"), padded("left")
+    ids, mask = torch.cat([right, left.flip(1)]), torch.cat([mask_right, mask_left])
+    model = from_torch(module, (ids, mask))
+    got = model.run(dict(zip(model.inputs, (ids.numpy(), mask.numpy()))))[model.outputs[0]]
+    with torch.no_grad():
+        close(got, module(ids, mask).numpy())
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_through_torch_export_it_imports_and_matches_the_module(name):
     module, x = built(name)

@@ -38,7 +38,21 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rewriter.index import affine_index, simplify
-from rewriter.ir import Binary, ExpressionError, Index, Lit, Num, Opaque, Program, Scope, Tensor, Unary, Var, smax
+from rewriter.ir import (
+    Binary,
+    ExpressionError,
+    Index,
+    Iterator,
+    Lit,
+    Num,
+    Opaque,
+    Program,
+    Scope,
+    Tensor,
+    Unary,
+    Var,
+    smax,
+)
 from rewriter.ir.builders import (
     absolute,
     add,
@@ -123,10 +137,16 @@ def _import_torch():
 
 def _export(module, example_inputs: Sequence):
     """The module as a functional graph of core ATen operators: ``torch.export`` then its default
-    decompositions, which leave far fewer operators (and overloads) to handle."""
+    decompositions, which leave far fewer operators (and overloads) to handle. Attention
+    (``scaled_dot_product_attention``) is kept whole: its decompositions give their result other
+    strides than the operator's, and a ``view`` after it that holds in eager mode fails there
+    (GPT-2 with more than one sequence)."""
     torch = _import_torch()
+    table = torch.export.default_decompositions()
+    for op in [op for op in table if "scaled_dot_product" in str(op)]:
+        del table[op]
     try:
-        return torch.export.export(module, tuple(example_inputs)).run_decompositions()
+        return torch.export.export(module, tuple(example_inputs)).run_decompositions(table)
     except Exception as err:  # torch.export raises many unrelated types
         raise TorchImportError(f"torch.export fails: {type(err).__name__}: {err}") from None
 
@@ -631,6 +651,57 @@ def _argmax(node: _Node) -> Scope:
     return arg_max(node.tensor(0), node.arg(1), bool(node.arg(2)), constant)
 
 
+def _attention(node: _Node) -> Scope:
+    """``scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)``
+    in eval mode, one definition per step: the scores ``q @ k^T * scale`` (with ``enable_gqa``
+    each of k's and v's heads serves a group of q's), -inf where a boolean mask is False (a
+    float mask added), -inf above the diagonal where causal, the softmax, its rows masked
+    everywhere zeroed (torch's safe softmax: ``is_nan``), and the product with v."""
+    q, k, v = node.tensor(0), node.tensor(1), node.tensor(2)
+    if node.arg(4):
+        raise node.error(f"attention with dropout_p={node.arg(4)} is training: call the module's eval()")
+    *batch, rows, width = q.shape
+    scale = node.fx.kwargs.get("scale")
+    scale = 1.0 / math.sqrt(width) if scale is None else float(scale)
+    grouped = bool(node.fx.kwargs.get("enable_gqa", False))
+    its, e = iterators((*batch, rows, k.shape[-2])), Iterator("e", 0, width)
+    lead, row, key = [it.var for it in its[:-2]], its[-2].var, its[-1].var
+    score = q[(*lead, row, e.var)] * k[(*_heads(node, k, batch, lead, grouped), key, e.var)] * Num(scale)
+    scores = node.build.intermediate(f"{node.name}_scores", Scope(its, (e,), score))
+    if node.arg(3) is not None:
+        mask = node.tensor(3)
+        boolean = str(node.fx.args[3].meta["val"].dtype) == "torch.bool"
+        scores = node.build.intermediate(
+            f"{node.name}_masked", where(mask, scores, -math.inf) if boolean else add(scores, mask)
+        )
+    if node.arg(5):
+        below = node.weight("causal", np.tril(np.ones((rows, k.shape[-2]), np.float32)))
+        scores = node.build.intermediate(f"{node.name}_causal", where(below, scores, -math.inf))
+    weights = node.build.intermediate(f"{node.name}_weights", softmax(scores, -1))
+    safe = node.build.intermediate(f"{node.name}_safe", where(is_nan(weights, (scores, -1)), 0.0, weights))
+    its, s = iterators((*batch, rows, v.shape[-1])), Iterator("s", 0, k.shape[-2])
+    lead = [it.var for it in its[:-2]]
+    body = safe[(*lead, its[-2].var, s.var)] * v[(*_heads(node, v, batch, lead, grouped), s.var, its[-1].var)]
+    return Scope(its, (s,), body)
+
+
+def _heads(node: _Node, t: Tensor, batch: Sequence[int], lead: Sequence[Index], grouped: bool) -> list[Index]:
+    """The reads of key or value ``t``'s leading axes at the query's ``lead``: the same index, 0
+    on a size-1 axis, and on the heads' axis with grouped heads ``h / (query heads / t's heads)``."""
+    reads, offset = [], len(batch) - (t.rank - 2)
+    for axis, size in enumerate(t.shape[:-2]):
+        full, index = batch[offset + axis], lead[offset + axis]
+        if size == full:
+            reads.append(index)
+        elif size == 1:
+            reads.append(Lit(0))
+        elif grouped and axis == t.rank - 3 and full % size == 0:
+            reads.append(index // (full // size))
+        else:
+            raise node.error(f"{t.name}'s leading axes {t.shape[:-2]} do not match the query's {tuple(batch)}")
+    return reads
+
+
 def _gather_elements(node: _Node) -> Opaque:
     """``gather(x, dim, index)``."""
     index = node.const(2)
@@ -1014,6 +1085,7 @@ SUPPORTED_OPS: dict[str, Callable[[_Node], Scope | Opaque | Tensor | None]] = {
     "aten.addmm.default": _addmm,
     "aten.mm.default": lambda node: matmul(node.tensor(0), node.tensor(1)),
     "aten.bmm.default": lambda node: batch_matmul(node.tensor(0), node.tensor(1)),
+    "aten.scaled_dot_product_attention.default": _attention,
     "aten.add.Tensor": _binary("+"),
     "aten.sub.Tensor": _binary("-"),
     "aten.mul.Tensor": _binary("*"),
