@@ -181,7 +181,8 @@ def cmd_optimize(args, console: Console) -> int:
             on_subprogram=report,
         )
     shapes = {model.names[name]: shape for name, shape in model.inputs.items()}
-    samples = sample_inputs(model.program.definitions, shapes, args.seed)  # token ids in range, too
+    integers = {model.names[name] for name in model.integers if name in model.names}  # masks: 0 and 1
+    samples = sample_inputs(model.program.definitions, shapes, args.seed, integers)  # token ids in range, too
     feeds = {name: samples[model.names[name]] for name in model.inputs}
     want = model.original(feeds)
     got = optimized(**{model.names[n]: v for n, v in feeds.items()})

@@ -280,9 +280,9 @@ def test_with_an_attention_mask_both_front_ends_compute_what_the_module_does(nam
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, (ids, mask), buffer, opset_version=17, dynamo=False, input_names=["ids", "mask"])
-    (got,) = (
-        load_onnx(onnx.load_from_string(buffer.getvalue())).run({"ids": ids.numpy(), "mask": mask.numpy()}).values()
-    )
+    imported = load_onnx(onnx.load_from_string(buffer.getvalue()))
+    (got,) = imported.run({"ids": ids.numpy(), "mask": mask.numpy()}).values()
     close(got, want)
     model = from_torch(module, (ids, mask))
     close(model.run(dict(zip(model.inputs, (ids.numpy(), mask.numpy()))))[model.outputs[0]], want)
+    assert imported.integers == {"ids", "mask"} and model.integers == set(model.inputs)  # int64 inputs

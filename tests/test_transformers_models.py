@@ -258,18 +258,25 @@ def built_full_size(name):
 )
 def test_an_exported_model_optimizes_from_the_command_line_and_runs_in_a_new_process(tmp_path, name):
     """``rewriter optimize model.onnx --out DIR`` then ``rewriter run DIR`` in a fresh process
-    (GPT-2: its opaque gather saved and run again, token ids from an integer .npy file; the
-    full-size ones: their weights saved, and laid out again where a matmul packs them). The
-    image models' path through the command line is the zoo's (``test_cli``): one text model
+    (GPT-2 with its attention mask, padded on the left: its opaque gather saved and run again,
+    token ids and the mask from integer .npy files, the optimizer's own check on a mask of 0s and
+    1s; the full-size ones: their weights saved, and laid out again where a matmul packs them).
+    The image models' path through the command line is the zoo's (``test_cli``): one text model
     here keeps the default run short.
 
     The optimizer shares the suite's kernel cache, as a user's runs share theirs; ``run`` gets an
     empty one, so everything it runs comes from DIR."""
-    module, x = built_full_size(name.removesuffix("-full")) if name.endswith("-full") else built(name)
+    if name.endswith("-full"):
+        module, x = built_full_size(name.removesuffix("-full"))
+        inputs = {"inputs": x}
+    else:
+        module, inputs = Masked(CONFIGS[name]().eval()).eval(), dict(zip(("ids", "mask"), padded("left")))
     path = tmp_path / f"{name}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (x,), str(path), opset_version=17, dynamo=False, input_names=["inputs"])
+        torch.onnx.export(
+            module, tuple(inputs.values()), str(path), opset_version=17, dynamo=False, input_names=list(inputs)
+        )
     cli = [sys.executable, "-m", "rewriter.cli"]
     optimize = [
         *cli,
@@ -283,18 +290,13 @@ def test_an_exported_model_optimizes_from_the_command_line_and_runs_in_a_new_pro
         str(tmp_path / "out"),
     ]
     subprocess.run(optimize, check=True, capture_output=True)
-    np.save(tmp_path / "x.npy", x.numpy())
-    run = [
-        *cli,
-        "run",
-        str(tmp_path / "out"),
-        "--input",
-        f"inputs={tmp_path / 'x.npy'}",
-        "--out",
-        str(tmp_path / "y.npy"),
-    ]
+    run = [*cli, "run", str(tmp_path / "out"), "--out", str(tmp_path / "y.npy")]
+    for given, value in inputs.items():
+        np.save(tmp_path / f"{given}.npy", value.numpy())
+        run += ["--input", f"{given}={tmp_path / f'{given}.npy'}"]
     subprocess.run(run, check=True, env=dict(os.environ, REWRITER_CACHE=str(tmp_path / "empty")), capture_output=True)
-    (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"inputs": x.numpy()})
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, {given: value.numpy() for given, value in inputs.items()})
     close(np.load(tmp_path / "y.npy"), want)
 
 

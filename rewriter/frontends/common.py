@@ -58,7 +58,8 @@ class Model:
     ``inputs`` maps the model's input names to their static shapes; ``outputs`` are the model's
     output names, in order (``program.outputs`` are their program names); ``names`` maps every
     model value name the program uses to its program tensor name (those names need not be
-    identifiers).
+    identifiers); ``integers`` names the inputs of integer or boolean type (token ids, masks),
+    float data in the program.
     """
 
     program: Program
@@ -67,6 +68,7 @@ class Model:
     outputs: tuple[str, ...]
     names: dict[str, str]
     proto: object = field(default=None, repr=False)  # the onnx.ModelProto it was imported from, if any
+    integers: frozenset[str] = frozenset()
 
     def feeds(self, inputs: Mapping[str, object]) -> dict[str, object]:
         """The program's input tensors for ``evaluate``: ``inputs`` (by model name) and the weights.

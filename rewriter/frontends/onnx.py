@@ -127,7 +127,10 @@ def load_onnx(source, input_shapes: Mapping[str, Sequence[int]] | None = None) -
     inferred = _inferred_shapes(onnx, model, shapes, where)
     nodes = _fold_batch_norms(onnx, model.graph, constants)
     imported = _Build(onnx, _opset(model), constants, shapes, inferred).run(nodes, model.graph)
-    return replace(imported, proto=given)
+    integers = {
+        v.name for v in model.graph.input if v.name in shapes and v.type.tensor_type.elem_type not in _FLOAT_TYPES
+    }
+    return replace(imported, proto=given, integers=frozenset(integers))
 
 
 def _shapes_folded(onnx, model, input_shapes: Mapping[str, Sequence[int]]):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Callable, Sequence
 
@@ -157,7 +158,10 @@ def _translate(exported) -> Model:
     foldable = _foldable(graph, constants)
     _check_ops(graph, foldable)
     _check_outputs(exported)
-    return _Build(constants, _user_inputs(exported)).run(graph, foldable)
+    model = _Build(constants, _user_inputs(exported)).run(graph, foldable)
+    placeholders = {node.name: node.meta.get("val") for node in graph.nodes if node.op == "placeholder"}
+    integers = {name for name in model.inputs if not placeholders[name].dtype.is_floating_point}
+    return replace(model, integers=frozenset(integers))
 
 
 # --------------------------------------------------------------------------------------------

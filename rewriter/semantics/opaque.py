@@ -77,15 +77,20 @@ def index_bounds(definitions: Iterable[tuple[str, Definition]]) -> dict[str, int
 
 
 def sample_inputs(
-    definitions: Iterable[tuple[str, Definition]], shapes: Mapping[str, tuple[int, ...]], seed: int = 0
+    definitions: Iterable[tuple[str, Definition]],
+    shapes: Mapping[str, tuple[int, ...]],
+    seed: int = 0,
+    integers: Iterable[str] = (),
 ) -> dict[str, np.ndarray]:
     """Random float32 values for the tensors ``shapes`` names, valid for the program of
     ``definitions``: standard normal, except a tensor a gather reads as its indices (directly or
     through other definitions: a reshape of token ids), which holds integers in range of every
-    such gather, and a recorded constant table, which holds its values."""
+    such gather, another of the ``integers`` (an integer or boolean model input: an attention
+    mask), which holds 0 and 1, and a recorded constant table, which holds its values."""
     bounds = index_bounds(definitions)
     rng = np.random.default_rng(seed)
     tables = bound_constants(shapes)
+    bounds = {**dict.fromkeys(integers, 2), **bounds}
     return {
         name: (
             tables[name]
