@@ -381,6 +381,20 @@ def test_where_chooses_exactly_even_past_an_infinity_or_a_nan_it_does_not_choose
     np.testing.assert_array_equal(out, [2.5, lowest, np.inf, lowest, 0.0])
 
 
+@pytest.mark.parametrize("op", ["equal", "less", "less_equal", "greater", "greater_equal"])
+def test_a_comparison_with_an_infinity_takes_a_clamped_infinity_for_it(op):
+    """A -inf fill is the lowest float32 (above): compared with -inf or +inf, on either side, a
+    value past half the float32 range is the infinity, as IEEE arithmetic would compare the
+    infinity itself (attention's ``scores == -inf`` finds its masked scores)."""
+    highest = float(np.finfo(np.float32).max)
+    held = np.array([-highest, -highest + 1e31, -1e30, 0.0, 5.0, highest], np.float32)
+    meant = np.array([-np.inf, -np.inf, -1e30, 0.0, 5.0, np.inf])
+    compared = getattr(np, op)
+    for infinity in (-np.inf, np.inf):
+        np.testing.assert_array_equal(evaluate(compare(op, (6,), infinity), {"A": held}), compared(meant, infinity))
+        np.testing.assert_array_equal(evaluate(compare(op, infinity, (6,)), {"A": held}), compared(infinity, meant))
+
+
 def test_a_safe_division_is_zero_where_the_divisor_is():
     n, d = Tensor("n", (4,)), Tensor("d", (4,))
     safe = where(compare("greater", absolute(d), 0.0), div(n, d), 0.0)
