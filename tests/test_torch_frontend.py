@@ -228,15 +228,15 @@ def strided_views(s, x):
 
 
 def masks(s, x, y):
-    """Bool tensors: logical and bitwise and, or, xor; comparisons with -inf (a masked fill's);
-    isnan of a square root; and a softmax over rows masked everywhere (row 0 of each image), its
-    NaNs zeroed as attention's safe softmax does."""
+    """Bool tensors: logical and bitwise and, or, xor (logical ones of floats too: x != 0);
+    comparisons with -inf (a masked fill's); isnan of a square root; and a softmax over rows
+    masked everywhere (row 0 of each image), its NaNs zeroed as attention's safe softmax does."""
     a, b = x > 0, y < 0.5
     kept = a & (torch.arange(x.shape[-2])[:, None] > 0)
     scores = x.masked_fill(~kept, float("-inf"))
     p = torch.softmax(scores, -1)
     logic = (a | b).float() + (a ^ b).float() + torch.logical_xor(a, b).float() + torch.logical_and(a, b).float()
-    logic = logic + torch.logical_or(a, b).float()
+    logic = logic + torch.logical_or(a, b).float() + torch.logical_and(x, y - 0.5) + torch.logical_not(x.floor())
     infinite = (scores == float("-inf")).float() + (scores > float("-inf")).float() + (float("-inf") < scores).float()
     return logic, torch.where(p.isnan(), 0.0, p), torch.where(x.sqrt().isnan(), x, x.sqrt()), infinite
 

@@ -719,19 +719,28 @@ def _no_op(node: _Node) -> None:
 
 
 def _logical_not(node: _Node) -> Scope:
-    """``not x`` on a mask (0/1 data): ``1 - x``."""
-    return elementwise(node.tensor(0), lambda read: 1.0 - read)
+    """``not x``: ``1 - x`` of x as a 0/1 mask (``_truth``)."""
+    return elementwise(_truth(node, 0, 0), lambda read: 1.0 - read)
 
 
 def _logical(op: str):
     """``logical_and``/``or``/``xor``, and ``bitwise_and``/``or``/``xor`` of bool tensors (masks):
-    ``logical``."""
+    ``logical`` of 0/1 masks, a number or a tensor that is not bool read as ``x != 0`` first."""
 
     def handle(node: _Node) -> Scope:
         _masks_only(node)
-        return logical(op, _operand(node, 0, 1), _operand(node, 1, 0))
+        return logical(op, *(_truth(node, k, 1 - k) for k in (0, 1)))
 
     return handle
+
+
+def _truth(node: _Node, index: int, other: int) -> Scope | Tensor | float:
+    """Operand ``index`` as a 0/1 mask: a bool tensor as it is, another ``cast`` to bool."""
+    value = _operand(node, index, other)
+    if isinstance(value, float):
+        return float(value != 0)
+    boolean = str(node.fx.args[index].meta["val"].dtype) == "torch.bool"
+    return value if boolean else cast(value, "bool")
 
 
 def _bitwise_not(node: _Node) -> Scope:
@@ -750,8 +759,8 @@ def _masks_only(node: _Node) -> None:
 def _isnan(node: _Node) -> Scope:
     """``isnan(x)`` (``is_nan``), of a softmax's result the rows that are -inf everywhere."""
     source = node.fx.args[0]
-    softmax = source.target if str(source.target).startswith(("aten._softmax", "aten._safe_softmax")) else None
-    return is_nan(node.tensor(0), (node.build.tensor(source.args[0]), source.args[1]) if softmax else None)
+    of_softmax = str(source.target).startswith(("aten._softmax", "aten._safe_softmax"))
+    return is_nan(node.tensor(0), (node.build.tensor(source.args[0]), source.args[1]) if of_softmax else None)
 
 
 def _any(node: _Node) -> Scope:
