@@ -15,11 +15,12 @@ onnxruntime's MLAS runs a MatMul with a constant weight; the BLAS call (numpy's)
 weight into its own panels on every call. Measured here (AMD Zen 5, ``bench/products_vs_mlas.py``,
 weights cold, ms): 197x3072 @ 768 2.52 as it lies, 1.95 in panels (onnxruntime 2.05).
 
-A panel is two vectors wide (``tvm_kernel.panel_width``: 32 columns of float32 on AVX-512, 16
-on AVX2), so each row of the register tile is two vectors sharing one broadcast read of the
-other operand. Against one-vector panels: 197x3072 @
-768 2.76 to 2.22 (onnxruntime 2.10), 197x768 @ 3072 2.77 to 2.16 (2.10), 32x3072 @ 768 0.51 to
-0.46 (0.57).
+A panel is as wide as the kernel's register tile's rows (``panels_width``), at most two
+vectors (``tvm_kernel.panel_width``: 32 columns of float32 on AVX-512, 16 on AVX2), so each row
+of the tile is two vectors sharing one broadcast read of the other operand. Against one-vector
+panels: 197x3072 @ 768 2.76 to 2.22 (onnxruntime 2.10), 197x768 @ 3072 2.77 to 2.16 (2.10),
+32x3072 @ 768 0.51 to 0.46 (0.57). Where the tile's rows are one vector (a blocked layout's
+1x1 convolution over 7x7 pixels, ``tvm_kernel._columns``), so are the panels.
 
 The other operand was once laid out k-major first (``T[k, m] = A[m, k]``, by a small
 transposition kernel on every call), since on an older machine (AMD EPYC) a register tile's
@@ -50,25 +51,47 @@ from rewriter.lower import GemmMatch, Kernel, Operand, inner_product, operand_vi
 
 from .epilogue import LaidOut
 from .native import OUTPUT, arguments
-from .tvm_kernel import Schedule, aligned_empty, compile_scope, is_aligned, panel_layout, panel_width, viewed
+from .tvm_kernel import (
+    Schedule,
+    aligned_empty,
+    compile_scope,
+    is_aligned,
+    native_lanes,
+    panel_layout,
+    panel_width,
+    tile_vectors,
+    viewed,
+)
 
 
-def packed_name(tensor: str, dim: int) -> str:
-    """The constant holding ``tensor``'s panels along dimension ``dim``. A program's laid-out
-    weights share one namespace, and two kernels may lay one weight out along different
-    dimensions (a 768x768 one read as ``W[k, j]`` and as ``W[j, k]``: panels of the same shape)."""
-    return f"{tensor}.panels{dim}"
+def packed_name(tensor: str, dim: int, width: int) -> str:
+    """The constant holding ``tensor``'s panels ``width`` wide along dimension ``dim``. A
+    program's laid-out weights share one namespace, and two kernels may lay one weight out along
+    different dimensions (a 768x768 one read as ``W[k, j]`` and as ``W[j, k]``: panels of the
+    same shape), or in panels of another width."""
+    return f"{tensor}.panels{dim}w{width}"
 
 
 def packed_call(kernel: Kernel, dtype: str):
-    """``(values, out) -> None`` for ``kernel`` with its weights read along its lanes in panels,
-    or None where it reads none so."""
-    found = {name: _lanes_dimension(kernel.expr, name) for name in sorted(kernel.weights)}
-    panels = tuple((name, dim) for name, dim in found.items() if dim is not None)
+    """``(values, out) -> None`` for ``kernel`` with its weights read along its lanes in panels
+    as wide as its register tile's rows (``panels_width``), or None where it reads none so."""
+    width = panels_width(kernel.expr, dtype)
+    found = {name: _lanes_dimension(kernel.expr, name, width) for name in sorted(kernel.weights)}
+    panels = tuple((name, dim, width) for name, dim in found.items() if dim is not None)
     return _Packed(kernel, np.dtype(dtype), panels) if panels else None
 
 
-def _lanes_dimension(expr: Scope, name: str) -> int | None:
+def panels_width(expr: Scope, dtype: str) -> int:
+    """A panel's width for ``expr``: its register tile's row (``tvm_kernel.tile_vectors``), up
+    to two vectors (``panel_width``). A tile one vector wide over panels of two (an NCHW8c 1x1
+    convolution over 7x7, its rows one block of output channels) used half of each line of the
+    weight it loaded and the other half in the next tile: measured on AMD EPYC (Zen 3, AVX2),
+    weights cold, panels of 16 against 8 interleaved in one process, 2048 -> 512 channels
+    1.09 to 0.93 ms, 512 -> 2048 1.00 to 0.92."""
+    return min(panel_width(), tile_vectors(expr, dtype) * native_lanes(dtype))
+
+
+def _lanes_dimension(expr: Scope, name: str, width: int) -> int | None:
     """The dimension of tensor ``name`` that every read of it indexes by the innermost traversal
     iterator (the vector lanes) of a scope that sums, within its bounds; None where some read
     does not (a view of it, a read along another loop, one that may fall outside)."""
@@ -80,7 +103,7 @@ def _lanes_dimension(expr: Scope, name: str) -> int | None:
             if not scope.summation or not scope.traversal or access.source.rank < 2:
                 return None
             lanes = scope.traversal[-1]
-            dims = [d for d, ix in enumerate(access.indices) if _runs_along(ix, lanes)]
+            dims = [d for d, ix in enumerate(access.indices) if _runs_along(ix, lanes, width)]
             if len(dims) != 1 or sum(lanes.name in index_vars(ix) for ix in access.indices) != 1:
                 return None
             for ix, size in zip(access.indices, access.source.shape):
@@ -91,40 +114,44 @@ def _lanes_dimension(expr: Scope, name: str) -> int | None:
     return found.pop() if len(found) == 1 else None
 
 
-def _runs_along(ix, lanes) -> bool:
+def _runs_along(ix, lanes, width: int) -> bool:
     """Whether index ``ix`` steps by one along iterator ``lanes`` and its vector stays in one
-    panel: ``j``, or ``j + 16*jo`` (a weight's rows read by a blocked layout's channels) where
-    the lanes' extent divides every other step and the panel's width."""
+    panel ``width`` wide: ``j``, or ``j + 16*jo`` (a weight's rows read by a blocked layout's
+    channels) where the lanes' extent divides every other step and the panel's width."""
     if ix == Var(lanes.name):
         return True
     form = affine_coefficients(ix)
     if form is None or form[0].get(lanes.name) != 1:
         return False
-    steps = [c for name, c in form[0].items() if name != lanes.name] + [form[1], panel_width()]
+    steps = [c for name, c in form[0].items() if name != lanes.name] + [form[1], width]
     return lanes.lo == 0 and all(step % lanes.size == 0 for step in steps)
 
 
 class _Packed:
     """The call: the kernel's own scope compiled with ``panels`` read from their layout."""
 
-    def __init__(self, kernel: Kernel, dtype: np.dtype, panels: tuple[tuple[str, int], ...]):
+    def __init__(self, kernel: Kernel, dtype: np.dtype, panels: tuple[tuple[str, int, int], ...]):
         self.dtype, self.panels = dtype, panels
         self.compiled = compile_scope(kernel.expr, dtype=str(dtype), schedule=Schedule(panels=panels))
-        laid = dict(panels)
+        laid = {name: (dim, width) for name, dim, width in panels}
         self.names = [
-            (packed_name(n, laid[n]), n, laid[n]) if n in laid else (n, n, None) for n in self.compiled.inputs
+            (packed_name(n, *laid[n]), n, laid[n]) if n in laid else (n, n, None) for n in self.compiled.inputs
         ]
         # run natively where the panels are bound (a program's constants); else from Python, laid out each call
         self.native = ((self.compiled.function, (*(given for given, _, _ in self.names), OUTPUT), self.compiled.views),)
 
     def prepare(self, values: dict) -> dict[str, np.ndarray]:
         """The panels of the weights ``values`` holds, to keep with the program's constants."""
-        return {packed_name(n, d): panel_layout(values[n], d, self.dtype) for n, d in self.panels if n in values}
+        return {
+            packed_name(n, d, w): panel_layout(values[n], d, self.dtype, w) for n, d, w in self.panels if n in values
+        }
 
     def __call__(self, values: dict, out: np.ndarray) -> None:
         arguments = [
-            values[given] if given in values else panel_layout(values[name], dim, self.dtype)  # not bound: every call
-            for given, name, dim in self.names
+            values[given]
+            if given in values
+            else panel_layout(values[name], laid[0], self.dtype, laid[1])  # not bound: every call
+            for given, name, laid in self.names
         ]
         self.compiled.function(*viewed([*arguments, out], self.compiled.views))
 

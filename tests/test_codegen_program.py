@@ -20,7 +20,7 @@ from codegen.program import (
     load,
     plan_buffers,
 )
-from codegen.tvm_kernel import panel_width
+from codegen.tvm_kernel import native_lanes, panel_width
 from rewriter import conv2d, derive, evaluate, matmul, parse
 from rewriter.cases import CASES
 from rewriter.ir import accesses, constants_among, index_vars, tensor_shapes
@@ -425,7 +425,7 @@ def test_a_packed_matmul_lays_its_weight_out_once_when_bound(text, shapes):
     step = _step(kernel, "packed", "float32")
     bound = CompiledProgram([step], {"A": shapes["A"]}).bind({"B": inputs["B"]})
     assert [n.split(".")[:2] for n in bound.prepared] == [
-        ["B", f"panels{step.call.panels[0][1]}"]
+        ["B", "panels{1}w{2}".format(*step.call.panels[0])]
     ]  # at bind, not every run
     _close(bound(A=inputs["A"]), evaluate(expr, inputs), 1e-5)
     unbound = CompiledProgram([_step(kernel, "packed", "float32")], dict(shapes))
@@ -436,18 +436,18 @@ def test_an_eoperator_summing_over_a_weight_along_its_lanes_reads_the_weight_fro
     """A product with its bias and ReLU around it, one kernel: "packed" compiles the kernel's own
     scope with B read from panels laid out once at bind (C, read by no sum, stays as it lies),
     13 rows (a prime, the last register tile guarded) and 40 columns (two panels or three, the last in part)."""
-    from codegen.packed import packed_call
+    from codegen.packed import packed_call, panels_width
 
     shapes = {"A": (13, 20), "B": (20, 40), "C": (40,)}
     expr = parse("L m:13, n:40 ; relu({ L m:13, n:40 ; S k:20 ; A[m, k] * B[k, n] }[m, n] + C[n])", shapes)
     kernel = Kernel("eop", "out", expr, None, False, frozenset({"B", "C"}))
     assert "packed" in implementations(kernel)
     step = _step(kernel, "packed", "float32")
-    assert step.call.panels == (("B", 1),)
+    width = panels_width(expr, "float32")
+    assert step.call.panels == (("B", 1, width),) and width in (panel_width(), panel_width() // 2)
     inputs = random_inputs(expr, 2)
     program = CompiledProgram([step], {"A": shapes["A"]}).bind({n: inputs[n] for n in "BC"})
-    width = panel_width()
-    assert set(program.prepared) == {"B.panels1"} and program.prepared["B.panels1"].shape == (
+    assert set(program.prepared) == {f"B.panels1w{width}"} and program.prepared[f"B.panels1w{width}"].shape == (
         -(-40 // width),
         20,
         width,
@@ -459,6 +459,28 @@ def test_an_eoperator_summing_over_a_weight_along_its_lanes_reads_the_weight_fro
     shifted = parse("L m:13, n:40 ; S k:20 ; A[m, k] * B[k, n+1]", shapes)  # past B's last column
     for other in (across, shifted):
         assert packed_call(Kernel("eop", "out", other, None, False, frozenset({"B"})), "float32") is None
+
+
+@pytest.mark.parametrize("pixels, vectors", [(49, 1), (196, 2)])
+def test_a_packed_kernel_lays_its_weight_out_in_panels_as_wide_as_its_tiles_rows(pixels, vectors):
+    """A blocked 1x1 convolution, its lanes' loop one vector of output channels: over 196 pixels
+    the register tile's rows span two blocks (two vectors), and so do the weight's panels; over
+    49 (no whole tile of such rows) they are one vector, and a panel of two would have each
+    tile load every line of the weight for half of it."""
+    from codegen.packed import packed_call
+
+    lanes = native_lanes()
+    shapes = {"X": (64, pixels), "W": (4 * lanes, 64)}
+    expr = parse(f"L fo:4, p:{pixels}, fi:{lanes} ; S c:64 ; X[c, p] * W[{lanes}*fo+fi, c]", shapes)
+    call = packed_call(Kernel("eop", "out", expr, None, False, frozenset({"W"})), "float32")
+    assert call.panels == (("W", 0, vectors * lanes),)
+    inputs = random_inputs(expr, 9)
+    program = CompiledProgram(
+        [_step(Kernel("eop", "out", expr, None, False, frozenset({"W"})), "packed", "float32")], {"X": shapes["X"]}
+    )
+    bound = program.bind({"W": inputs["W"]})
+    assert bound.prepared[f"W.panels0w{vectors * lanes}"].shape == (4 // vectors, 64, vectors * lanes)
+    _close(bound(X=inputs["X"]), evaluate(expr, inputs), 1e-5)
 
 
 def test_a_matmul_reading_no_weight_has_no_packed_implementation():
@@ -565,7 +587,8 @@ def test_packed_weights_are_laid_out_again_after_stitching_saving_and_loading(tm
     second = first.rebound({"ARG1": w2})
     parts = [(first, {"ARG0": "X", "ARG1": "W1", "out": "H"}), (second, {"ARG0": "H2", "ARG1": "W2"})]
     program = stitch(parts, {"X": (4, 8), "H2": (4, 8)})
-    assert set(program.prepared) == {"W1.panels1", "W2.panels1"}
+    width = first.steps[0].call.panels[0][2]
+    assert set(program.prepared) == {f"W1.panels1w{width}", f"W2.panels1w{width}"}
     x, h2 = rng.uniform(-1, 1, (4, 8)), rng.uniform(-1, 1, (4, 8))
     values = program.run({"X": x, "H2": h2}, outputs=("H",))
     _close(values["H"], x @ w1, 1e-5)
@@ -774,5 +797,5 @@ def test_kernels_laying_one_weight_out_differently_each_read_their_own_layout():
     rng = np.random.default_rng(3)
     w, x = rng.uniform(-1, 1, (64, 64)), rng.uniform(-1, 1, (8, 64))
     program = CompiledProgram(steps, shapes).bind({"W": w})
-    assert set(program.prepared) == {"W.panels0", "W.panels1"}
+    assert {name.rsplit("w", 1)[0] for name in program.prepared} == {"W.panels0", "W.panels1"}
     _close(program(X=x), x @ w + x @ w.T, 1e-5)

@@ -253,6 +253,41 @@ def test_a_products_tile_rows_are_two_vectors_wide_where_an_even_number_of_vecto
     assert_matches(expr, random_inputs(expr, 4), dtype="float32", schedule=wide_schedule)
 
 
+@pytest.mark.parametrize(
+    "text, shapes, tile",
+    [  # an NCHW8c 1x1 convolution over 196 pixels: 4 rows, each two blocks of output channels
+        (
+            "L fo:4, p:196, fi:8 ; S co:8, ci:8 ; X[co, p, ci] * W[fo, co, ci, fi]",
+            {"X": (8, 196, 8), "W": (4, 8, 8, 8)},
+            ["p_1 in T.unroll(4)", "fo_1 in T.unroll(2)"],
+        ),
+        # over 49 pixels: no whole tile of rows two vectors wide (6 at most), 7 rows of one
+        (
+            "L fo:4, p:49, fi:8 ; S co:8, ci:8 ; X[co, p, ci] * W[fo, co, ci, fi]",
+            {"X": (8, 49, 8), "W": (4, 8, 8, 8)},
+            ["p_1 in T.unroll(7)"],
+        ),
+        # a depthwise convolution: no broadcast read for two blocks of channels to share
+        (
+            "L c:4, h:20, w:20, ci:8 ; S r:3, s:3 ; X[c, h+r, w+s, ci] * W[c, r, s, ci]",
+            {"X": (4, 22, 22, 8), "W": (4, 3, 3, 8)},
+            ["w_1 in T.unroll(5)"],
+        ),
+    ],
+)
+def test_where_the_lanes_loop_is_one_vector_a_tiles_rows_span_two_steps_of_a_loop_its_broadcast_reads_share(
+    text, shapes, tile
+):
+    """With 8 lanes (AVX2) along a blocked layout's channels, the lanes' loop is one vector: a
+    row of the register tile takes two steps of the output's blocks (``_columns``), one
+    broadcast of X feeding both, where that tiles in whole tiles; else rows of one vector."""
+    expr = parse(text, shapes)
+    listing = compile_scope(expr, dtype="float32", schedule=Schedule(vector=8)).listing()
+    unrolled = [line.split("for ")[1].rstrip(":") for line in listing.splitlines() if "T.unroll" in line]
+    assert [loop for loop in unrolled if "_init" not in loop] == tile
+    assert_matches(expr, random_inputs(expr, 8), dtype="float32", schedule=Schedule(vector=8))
+
+
 def test_tvm_runs_one_thread_per_physical_core():
     compile_scope(parse("L i:4 ; X[i]", {"X": (4,)}))  # TVM is loaded on first use
     assert 1 <= physical_cores() <= os.cpu_count()
@@ -465,21 +500,23 @@ def test_a_products_rows_with_no_tile_dividing_them_widen_to_whole_tiles_under_i
 
 def test_a_weight_given_in_panels_along_the_lanes_is_read_from_them():
     """B read as ``B[j, k]``, its first dimension along the lanes: the kernel takes B in panels
-    of ``panel_width()`` rows (``panel_layout``: 40 rows in two or three, the last zero past its
-    end) and computes what the scope says; a read that may fall before B's start cannot be read
-    from panels."""
+    of as many rows as the schedule says (``panel_layout``: 40 rows in panels of 16 or 8, the
+    last zero past its end) and computes what the scope says; a read that may fall before B's
+    start cannot be read from panels."""
     shapes = {"A": (5, 8), "B": (40, 8)}
     expr = parse("L i:5, j:40 ; S k:8 ; A[i, k] * B[j, k]", shapes)
-    kernel = compile_scope(expr, dtype="float32", schedule=Schedule(panels=(("B", 0),)))
-    width = panel_width()
-    assert kernel.views[:2] == ((5, 8), (-(-40 // width), 8, width))
     inputs = random_inputs(expr, 3)
-    out = aligned_empty((5, 40), "float32")
-    kernel.run({"A": aligned_copy(inputs["A"], "float32"), "B": panel_layout(inputs["B"], 0, "float32")}, out)
-    np.testing.assert_allclose(out, evaluate(expr, inputs), rtol=1e-5, atol=1e-5)
+    for width in (panel_width(), 8):
+        kernel = compile_scope(expr, dtype="float32", schedule=Schedule(panels=(("B", 0, width),)))
+        assert kernel.views[:2] == ((5, 8), (-(-40 // width), 8, width))
+        out = aligned_empty((5, 40), "float32")
+        kernel.run(
+            {"A": aligned_copy(inputs["A"], "float32"), "B": panel_layout(inputs["B"], 0, "float32", width)}, out
+        )
+        np.testing.assert_allclose(out, evaluate(expr, inputs), rtol=1e-5, atol=1e-5)
     shifted = parse("L i:5, j:40 ; S k:8 ; A[i, k] * B[j-1, k]", shapes)  # (past the end: zeros in panels)
     with pytest.raises(CodegenError, match="panels"):
-        compile_scope(shifted, dtype="float32", schedule=Schedule(panels=(("B", 0),)))
+        compile_scope(shifted, dtype="float32", schedule=Schedule(panels=(("B", 0, 8),)))
 
 
 def test_a_read_whose_bounds_tvm_multiplies_past_int32_compiles_with_int64_indices():
@@ -612,7 +649,7 @@ def test_a_kernel_equal_up_to_its_tensors_names_loads_the_same_machine_code(tmp_
     monkeypatch.setenv("REWRITER_CACHE", str(tmp_path))
     shapes = {"A": (8, 16), "B": (16, 32)}
     first = compile_scope(
-        parse("L i:8, j:32 ; S k:16 ; A[i, k] * B[k, j]", shapes), schedule=Schedule(panels=(("B", 1),))
+        parse("L i:8, j:32 ; S k:16 ; A[i, k] * B[k, j]", shapes), schedule=Schedule(panels=(("B", 1, 8),))
     )
 
     def no_compiling(*args, **kwargs):
@@ -620,12 +657,12 @@ def test_a_kernel_equal_up_to_its_tensors_names_loads_the_same_machine_code(tmp_
 
     monkeypatch.setattr(tvm, "compile", no_compiling)
     swapped = parse("L i:8, j:32 ; S k:16 ; B[i, k] * A[k, j]", {"B": (8, 16), "A": (16, 32)})
-    second = compile_scope(swapped, schedule=Schedule(panels=(("A", 1),)))
-    assert second.path == first.path and second.from_cache and second.schedule.panels == (("A", 1),)
+    second = compile_scope(swapped, schedule=Schedule(panels=(("A", 1, 8),)))
+    assert second.path == first.path and second.from_cache and second.schedule.panels == (("A", 1, 8),)
     rng = np.random.default_rng(0)
     b, a = rng.uniform(-1, 1, (8, 16)), rng.uniform(-1, 1, (16, 32))
     out = aligned_empty((8, 32), "float32")
-    second.run({"B": aligned_copy(b, "float32"), "A": panel_layout(a, 1, "float32")}, out)
+    second.run({"B": aligned_copy(b, "float32"), "A": panel_layout(a, 1, "float32", 8)}, out)
     np.testing.assert_allclose(out, b @ a, rtol=1e-5)
     assert first.renamed(swapped).schedule == second.schedule
     with pytest.raises(AssertionError):  # another shape: another kernel
