@@ -216,7 +216,13 @@ def cmd_optimize(args, console: Console) -> int:
     )
     console.print(table)
     if args.out:
-        meta = {"model": args.model, "names": model.names, "inputs": model.inputs, "outputs": list(model.outputs)}
+        meta = {
+            "model": args.model,
+            "names": model.names,
+            "inputs": model.inputs,
+            "outputs": list(model.outputs),
+            "integers": sorted(integers),  # what ``run`` samples as 0s and 1s without --input
+        }
         out = optimized.save(args.out, extra={"onnx.json": json.dumps(meta, indent=1)}, measurements=default_path())
         console.print(f"saved to {out}")
     return 0
@@ -247,8 +253,12 @@ def cmd_run(args, console: Console) -> int:
     for item in args.input:
         name, _, path = item.partition("=")
         inputs[names.get(name, name)] = np.load(path)
-    if not args.input:  # random inputs, for a quick check
-        inputs = sample_inputs([(k.output, k.expr) for k in optimized.program.kernels], optimized.inputs, args.seed)
+    if not args.input:  # random inputs, for a quick check: token ids in range, masks of 0s and 1s
+        definitions = [(k.output, k.expr) for k in optimized.program.kernels]
+        inputs = sample_inputs(definitions, optimized.inputs, args.seed, meta.get("integers", ()))
+        given = {internal: name for name, internal in names.items()}
+        for name, value in inputs.items():
+            console.print(f"{given.get(name, name)}: sampled, {_sampled(value)}")
     start = time.perf_counter()
     outs = optimized(**inputs)
     elapsed = time.perf_counter() - start
@@ -259,6 +269,13 @@ def cmd_run(args, console: Console) -> int:
     if args.out:
         np.save(args.out, outs[0])
     return 0
+
+
+def _sampled(value: np.ndarray) -> str:
+    """What a sampled input holds: integers (token ids, a mask) or real values."""
+    if value.size and np.array_equal(value, np.round(value)):
+        return f"integers {int(value.min())} to {int(value.max())}"
+    return f"real values, mean {value.mean():.3g}, std {value.std():.3g}"
 
 
 def main(argv: list[str] | None = None) -> int:

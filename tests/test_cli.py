@@ -87,6 +87,34 @@ def test_optimize_a_zoo_model_then_run_and_explain_the_saved_program(tmp_path, c
     assert "as it runs" in explained and "output[2, 1, 12, 12] =" in explained.split("as it runs")[1]
 
 
+def test_run_without_inputs_samples_a_models_integer_mask_as_0s_and_1s(tmp_path, capsys, monkeypatch):
+    """``rewriter run DIR`` without ``--input`` samples the saved program's inputs as the
+    optimizer's own check did: an integer input that no gather reads (an attention mask) holds
+    0s and 1s, real inputs normal values; each is printed with what it holds."""
+    import pytest
+
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, save
+
+    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "cache"))
+    nodes = [
+        helper.make_node("Cast", ["mask"], ["kept"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x", "kept"], ["y"]),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8]),
+        helper.make_tensor_value_info("mask", TensorProto.INT64, [2, 8]),
+    ]
+    graph = helper.make_graph(nodes, "masked", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "masked.onnx")
+    out = tmp_path / "out"
+    assert main(["optimize", str(tmp_path / "masked.onnx"), "--max-depth", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "mask: sampled, integers 0 to 1" in printed and "x: sampled, real values" in printed
+
+
 def test_optimize_refuses_a_model_it_cannot_read_and_writes_nothing(tmp_path, capsys):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not an onnx file")
