@@ -674,9 +674,8 @@ def _attention(node: _Node) -> Scope:
     scores = node.build.intermediate(f"{node.name}_scores", Scope(its, (e,), score))
     if node.arg(3) is not None:
         mask = node.tensor(3)
-        boolean = str(node.fx.args[3].meta["val"].dtype) == "torch.bool"
         scores = node.build.intermediate(
-            f"{node.name}_masked", where(mask, scores, -math.inf) if boolean else add(scores, mask)
+            f"{node.name}_masked", where(mask, scores, -math.inf) if _is_bool(node, 3) else add(scores, mask)
         )
     if node.arg(5):
         below = node.weight("causal", np.tril(np.ones((rows, k.shape[-2]), np.float32)))
@@ -739,8 +738,12 @@ def _truth(node: _Node, index: int, other: int) -> Scope | Tensor | float:
     value = _operand(node, index, other)
     if isinstance(value, float):
         return float(value != 0)
-    boolean = str(node.fx.args[index].meta["val"].dtype) == "torch.bool"
-    return value if boolean else cast(value, "bool")
+    return value if _is_bool(node, index) else cast(value, "bool")
+
+
+def _is_bool(node: _Node, index: int) -> bool:
+    """Whether the node's tensor argument ``index`` is a bool tensor (a mask)."""
+    return str(node.fx.args[index].meta["val"].dtype) == "torch.bool"
 
 
 def _bitwise_not(node: _Node) -> Scope:
