@@ -576,6 +576,20 @@ def test_winograd_computes_a_convolution_as_products_of_transformed_tiles():
     assert RULES["winograd"].apply(strided) == []
 
 
+def test_winograd_keeps_a_blocked_filter_one_panel_per_block_of_output_channels():
+    """In NCHW4c (f = 4*fo + fi, c = 4*co + ci) the transformed filter U keeps fo outside the
+    summed co, ci: each block of the product's columns reads one contiguous run of U."""
+    shapes = {"X": (1, 2, 6, 6, 4), "W": (8, 8, 3, 3)}
+    conv = parse(
+        "L n:1, fo:2, h:4, w:4, fi:4 ; S co:2, ci:4, r:3, s:3 ; X[n, co, h+r, w+s, ci] * W[4*fo+fi, 4*co+ci, r, s]",
+        shapes,
+    )
+    f2 = RULES["winograd"].apply(conv)[0]
+    assert "{ L k:4, k1:4, fo:2, co:2, ci:4, fi:4 ; S r:3, s:3 ; " in str(f2)
+    assert "}[k, k1, fo, co, ci, fi] }[k, k1, n, h/2, w/2, fo, fi]" in str(f2)
+    assert assert_sound(RULES["winograd"], conv) == 2
+
+
 @pytest.mark.parametrize("m, r", [(2, 3), (4, 3), (2, 2), (4, 4), (2, 7)])
 def test_winograd_transforms_multiply_out_to_the_convolution(m, r):
     """sum_k AT[u, k] G[k, j] BT[k, i] is 1 where i = u + j and 0 elsewhere: the identity the
