@@ -556,21 +556,25 @@ def test_channel_blocking_stores_a_chain_in_blocks_and_splits_the_sums_that_read
 
 
 def test_winograd_computes_a_convolution_as_products_of_transformed_tiles():
-    """F(2, 3) along both dimensions of a padded 3x3 convolution: the input's 4x4 tiles (V) and
-    the filter (U) in the transformed basis, one matrix product per point of the tile (P), each
-    output gathering its tile's 16 products; F(4, 3) too, and nothing on a stride-2 read."""
+    """F(2, 3) along both dimensions of a padded 3x3 convolution: the input's 4x4 tiles (V, one
+    dimension at a time) and the filter (U) in the transformed basis, one matrix product per
+    point of the tile (P), each output gathering its tile's 16 products (one dimension at a
+    time); F(4, 3) too, and nothing on a stride-2 read."""
     shapes = {"X": (1, 3, 5, 5), "W": (4, 3, 3, 3)}
     conv = parse("L n:1, f:4, h:5, w:5 ; S c:3, r:3, s:3 ; X[n, c, h+r-1, w+s-1] * W[f, c, r, s]", shapes)
     f2, f4 = RULES["winograd"].apply(conv)
     assert str(f2) == (
-        "L n:1, f:4, h:5, w:5 ; S k:4, k1:4 ; winograd_AT_m2_r3[w%2, k1] * (winograd_AT_m2_r3[h%2, k] * "
+        "L n:1, f:4, h:5, w:5 ; S k:4 ; winograd_AT_m2_r3[h%2, k] * "
+        "{ L k:4, n:1, f:4, t:3, w:5 ; S k1:4 ; winograd_AT_m2_r3[w%2, k1] * "
         "{ L k:4, k1:4, n:1, t:3, t1:3, f:4 ; S c:3 ; "
-        "{ L k:4, k1:4, n:1, t:3, t1:3, c:3 ; S i:4, i1:4 ; "
-        "winograd_BT_m2_r3[k1, i1] * (winograd_BT_m2_r3[k, i] * X[n, c, 2*t+i-1, 2*t1+i1-1]) }[k, k1, n, t, t1, c] * "
+        "{ L k:4, k1:4, n:1, t:3, t1:3, c:3 ; S i:4 ; winograd_BT_m2_r3[k, i] * "
+        "{ L i:4, k1:4, n:1, t:3, t1:3, c:3 ; S i1:4 ; winograd_BT_m2_r3[k1, i1] * X[n, c, 2*t+i-1, 2*t1+i1-1] }"
+        "[i, k1, n, t, t1, c] }[k, k1, n, t, t1, c] * "
         "{ L k:4, k1:4, c:3, f:4 ; S r:3, s:3 ; "
-        "winograd_G_m2_r3[k1, s] * (winograd_G_m2_r3[k, r] * W[f, c, r, s]) }[k, k1, c, f] }[k, k1, n, h/2, w/2, f])"
+        "winograd_G_m2_r3[k1, s] * (winograd_G_m2_r3[k, r] * W[f, c, r, s]) }[k, k1, c, f] }[k, k1, n, t, w/2, f] }"
+        "[k, n, f, h/2, w]"
     )
-    assert "S k:6, k1:6" in str(f4)
+    assert "S k:6 ; winograd_AT_m4_r3" in str(f4) and "S k1:6 ; winograd_AT_m4_r3" in str(f4)
     assert assert_sound(RULES["winograd"], conv) == 2
     strided = parse("L n:1, f:4, h:2, w:2 ; S c:3, r:3, s:3 ; X[n, c, 2*h+r-1, 2*w+s-1] * W[f, c, r, s]", shapes)
     assert RULES["winograd"].apply(strided) == []
@@ -586,7 +590,7 @@ def test_winograd_keeps_a_blocked_filter_one_panel_per_block_of_output_channels(
     )
     f2 = RULES["winograd"].apply(conv)[0]
     assert "{ L k:4, k1:4, fo:2, co:2, ci:4, fi:4 ; S r:3, s:3 ; " in str(f2)
-    assert "}[k, k1, fo, co, ci, fi] }[k, k1, n, h/2, w/2, fo, fi]" in str(f2)
+    assert "}[k, k1, fo, co, ci, fi] }[k, k1, n, t, w/2, fo, fi]" in str(f2)
     assert assert_sound(RULES["winograd"], conv) == 2
 
 
