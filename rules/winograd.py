@@ -36,10 +36,10 @@ def winograd(scope: Scope):
     its own: alpha multiply-adds per point and dimension, where all at once took alpha**2
     (measured on AMD EPYC, Zen 3, NCHW8c, F(4, 3): the input's transform of 64 channels at
     56x56 1.74 to 0.53 ms, of 128 at 28x28 0.44 to 0.29; the result's 0.52 to 0.34 and
-    0.27 to 0.23; F(2, 3) at 14x14 about even). Where the output's
-    channels come in blocks (NCHW8c: f = 8*fo + fi), U keeps fo outside c, so each block of P's
-    columns reads one contiguous panel of U (measured on AMD EPYC, Zen 3, the product alone:
-    256 channels at 14x14, F(2, 3), 2.06 to 0.99 ms; 128 at 28x28, F(4, 3), 1.54 to 1.05).
+    0.27 to 0.23; F(2, 3) at 14x14 about even). Where the output's channels come in blocks
+    (NCHW8c: f = 8*fo + fi), U keeps fo outside c, so each block of P's columns reads one
+    contiguous panel of U (measured on AMD EPYC, Zen 3, the product alone: 256 channels at
+    14x14, F(2, 3), 2.06 to 0.99 ms; 128 at 28x28, F(4, 3), 1.54 to 1.05).
     """
     if scope.reduce != "sum" or not _two_reads(scope.body):
         return
