@@ -1,7 +1,7 @@
 """Products of the real models' shapes: each CPU implementation against onnxruntime's MLAS.
 
     python3 bench/products_vs_mlas.py [--shapes 32x3072x768,...] [--convs 64x56,...] [--strided 3x224x64k7s2,...]
-                                      [--epilogue]
+                                      [--blocked] [--epilogue]
 
 For each ``M x K @ K x N`` product with a weight on the right (a transformer's linear layer),
 every implementation the Matmul record lists for the CPU that applies ("blas", "tvm", "packed"), and for
@@ -9,7 +9,10 @@ each ``C x H`` 3x3 convolution (C -> C channels, H x H, padding 1, NCHW: ResNet-
 implementation the Conv2d record lists ("im2col", "tvm", "panels"), and for each
 ``CxHxF kK sS [gG]`` convolution (C -> F channels, H x H, a K x K window of stride S, padding
 K/2, G groups: ResNet-50's stem and stride-2 convolutions, MobileNetV2's depthwise ones) the
-same, is timed as the optimizer
+same (with ``--blocked``, the strided ones as the optimizer's blocked layout writes them, NCHWc
+with c the vector's lanes: ``L n, fo, h, w, fi ; S co, ci, r, s ; X[n, co, S*h+r-K/2, S*w+s-K/2,
+ci] * W[fi+c*fo, ci+c*co, r, s]``, one eOperator, its output channels' axes fo and fi), is timed
+as the optimizer
 times it (``codegen.program._timing_call``: the weight cold, in turn over copies that overflow
 the last-level cache) and onnxruntime (2 intra-op threads, spinning off) runs a graph of MatMul
 (Conv) nodes with one weight each, as many as the optimizer's copies, so that its weights are
@@ -42,6 +45,7 @@ import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from codegen.measure import cpu_model  # noqa: E402
+from codegen.tvm_kernel import vector_lanes  # noqa: E402
 from codegen.program import LIBRARY_CALLS, _cold_copies, _step, _timing_call, implementations  # noqa: E402
 from rewriter import conv2d, parse  # noqa: E402
 from rewriter.ir import Scope, Tensor, accesses, index_vars, tensor_shapes  # noqa: E402
@@ -92,7 +96,7 @@ def convolution(c: int, h: int, rounds: int, epilogue: bool) -> dict:
     return run(f"conv3x3 {c}x{h}x{h}", expr, node, {"pads": [1] * 4}, rounds, epilogue)
 
 
-def strided_convolution(spec: str, rounds: int, epilogue: bool) -> dict:
+def strided_convolution(spec: str, rounds: int, epilogue: bool, blocked: bool = False) -> dict:
     """``CxHxFkKsS`` or ``CxHxFkKsSgG``: C -> F channels over H x H, a K x K window of stride S,
     padding K/2, G groups."""
     c, h, f, k, stride, groups = (
@@ -101,20 +105,44 @@ def strided_convolution(spec: str, rounds: int, epilogue: bool) -> dict:
     x, w = Tensor("X", (1, c, h, h)), Tensor("W", (f, c // groups, k, k))
     expr = conv2d(x, w, stride=stride, padding=k // 2, groups=groups)
     attributes = {"pads": [k // 2] * 4, "strides": [stride] * 2, "group": groups}
-    return run(f"conv {spec}", expr, ("Conv", x.shape, w.shape, expr.shape), attributes, rounds, epilogue)
+    node = ("Conv", x.shape, w.shape, expr.shape)
+    if blocked:
+        if groups > 1:
+            raise SystemExit(f"--blocked: {spec} has groups; only full convolutions are written blocked")
+        return run(
+            f"conv {spec} NCHW{vector_lanes()}c",
+            blocked_convolution(c, h, f, k, stride),
+            node,
+            attributes,
+            rounds,
+            epilogue,
+        )
+    return run(f"conv {spec}", expr, node, attributes, rounds, epilogue)
+
+
+def blocked_convolution(c: int, h: int, f: int, k: int, stride: int) -> Scope:
+    """C -> F channels over H x H as the blocked layout writes it: NCHWc in and out, c the
+    vector's lanes; W as given (the optimizer lays it out in panels, ``packed``)."""
+    lanes, pad, out = vector_lanes(), k // 2, (h + 2 * (k // 2) - k) // stride + 1
+    text = (
+        f"L n:1, fo:{f // lanes}, h:{out}, w:{out}, fi:{lanes} ; S co:{c // lanes}, ci:{lanes}, r:{k}, s:{k} ; "
+        f"X[n, co, {stride}*h+r-{pad}, {stride}*w+s-{pad}, ci] * W[fi+{lanes}*fo, ci+{lanes}*co, r, s]"
+    )
+    return parse(text, {"X": (1, c // lanes, h, h, lanes), "W": (f, c, k, k)})
 
 
 def with_epilogue(expr: Scope) -> tuple[Kernel, int]:
-    """The eOperator ``relu({expr}[..] + B[f])``, f the product's output channels (the
-    iterator that reads W), and f's axis in the output."""
+    """The eOperator ``relu({expr}[..] + B[f])``, f the product's output channels (W's index
+    over traversal iterators: ``fi+c*fo`` in a blocked layout), and their first axis in the
+    output."""
     (weight,) = [a for a in accesses(expr.body) if a.source.name == "W"]
-    axis, channel = next(
-        (d, it) for d, it in enumerate(expr.traversal) if any(it.name in index_vars(ix) for ix in weight.indices)
-    )
-    names = ", ".join(it.name for it in expr.traversal)
+    sizes = {it.name: it.size for it in expr.traversal}
+    channel = next(ix for ix in weight.indices if index_vars(ix) & sizes.keys())
+    axis = next(d for d, it in enumerate(expr.traversal) if it.name in index_vars(channel))
+    names = ", ".join(sizes)
     fused = parse(
-        f"L {', '.join(map(str, expr.traversal))} ; relu({{{expr}}}[{names}] + B[{channel.name}])",
-        {**tensor_shapes(expr), "B": (channel.size,)},
+        f"L {', '.join(map(str, expr.traversal))} ; relu({{{expr}}}[{names}] + B[{channel}])",
+        {**tensor_shapes(expr), "B": (math.prod(sizes[n] for n in index_vars(channel)),)},
     )
     return Kernel("eop", "out", fused, None, weights=frozenset({"W", "B"})), axis
 
@@ -154,6 +182,9 @@ def main() -> None:
     parser.add_argument("--strided", default="3x224x64k7s2,128x56x128k3s2,96x112x96k3s2g96,144x56x144k3s2g144")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--epilogue", action="store_true", help="each with a bias and a ReLU around it")
+    parser.add_argument(
+        "--blocked", action="store_true", help="the strided convolutions in NCHWc, as the model runs them"
+    )
     args = parser.parse_args()
     rows = []
     for shape in filter(None, args.shapes.split(",")):
@@ -165,7 +196,7 @@ def main() -> None:
         rows.append(convolution(c, h, args.rounds, args.epilogue))
         print("  ".join(f"{key} {value}" for key, value in rows[-1].items()), flush=True)
     for spec in filter(None, args.strided.split(",")):
-        rows.append(strided_convolution(spec, args.rounds, args.epilogue))
+        rows.append(strided_convolution(spec, args.rounds, args.epilogue, args.blocked))
         print("  ".join(f"{key} {value}" for key, value in rows[-1].items()), flush=True)
     out = ROOT / "bench" / "results" / "products_vs_mlas.json"
     done = {_key(row) for row in rows}  # a row replaces an earlier one of its shape on this CPU

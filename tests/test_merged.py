@@ -49,6 +49,20 @@ def test_a_pointwise_convolution_over_a_small_image_runs_over_its_pixels_as_one_
     np.testing.assert_allclose(kernel(**inputs), evaluate(expr, inputs), rtol=1e-9)
 
 
+def test_a_strided_pointwise_convolution_reads_its_input_through_the_merged_loop():
+    expr = parse(  # in NCHW4c: 4 output channels innermost
+        "L n:1, fo:2, h:7, w:7, fi:4 ; S co:4, ci:4, r:1, s:1 ; X[n, co, 2*h+r, 2*w+s, ci] * K[fi+4*fo, ci+4*co, r, s]",
+        {"X": (1, 4, 14, 14, 4), "K": (8, 16, 1, 1)},
+    )
+    assert str(merge_loops(expr)) == (
+        "L n:1, fo:2, h:49, fi:4 ; S co:4, ci:4 ; X[0, co, 2*(h/7), 2*(h%7), ci] * K[fi+4*fo, ci+4*co, 0, 0]"
+    )
+    inputs = random_inputs(expr, 5)
+    kernel = compile_scope(expr, dtype="float64")
+    assert kernel.views == ((1, 4, 14, 14, 4), (8, 16, 1, 1), (1, 2, 49, 4))  # the input as it lies
+    np.testing.assert_allclose(kernel(**inputs), evaluate(expr, inputs), rtol=1e-9)
+
+
 @pytest.mark.parametrize(
     "text, shape, merged",
     [
@@ -68,14 +82,29 @@ def test_a_pointwise_convolution_over_a_small_image_runs_over_its_pixels_as_one_
         ),
         # a box that does not start at 0
         ("L a:1..4, b:4 ; X[a, b]", (4, 4), "L a:1..4, b:4 ; X[a, b]"),
+        # a stride-2 1x1 convolution's input, its output channels innermost (a blocked
+        # layout's): read through the merged loop's rows and columns
+        (
+            "L h:3, w:3, f:4 ; S c:2 ; X[c, 2*h, 2*w+1] * K[f, c, 0, 0]",
+            (2, 6, 7),
+            "L h:9, f:4 ; S c:2 ; X[c, 2*(h/3), 2*(h%3)+1] * K[f, c, 0, 0]",
+        ),
+        # ... its columns innermost (NCHW): they keep the vector lanes, and their loop
+        (
+            "L f:4, h:3, w:3 ; S c:2 ; X[c, 2*h, 2*w] * K[f, c, 0, 0]",
+            (2, 6, 6),
+            "L f:4, h:3, w:3 ; S c:2 ; X[c, 2*h, 2*w] * K[f, c, 0, 0]",
+        ),
+        # a stride-2 window stays apart
+        ("L h:3, w:3, f:2 ; S r:2 ; X[f, 2*h+r, 2*w]", (2, 6, 6), "L h:3, w:3, f:2 ; S r:2 ; X[f, 2*h+r, 2*w]"),
     ],
 )
 def test_only_loops_every_read_takes_whole_merge(text, shape, merged):
     assert str(merge_loops(parse(text, {"X": shape, "K": (4, 2, 1, 1)}))) == merged
 
 
-# Scopes over a box whose reads are exact, shifted, transposed or broadcast, with a nested sum
-# read whole or not: every merge ``merge_loops`` makes must keep every element.
+# Scopes over a box whose reads are exact, shifted, subsampled, transposed or broadcast, with a
+# nested sum read whole or not: every merge ``merge_loops`` makes must keep every element.
 @st.composite
 def scopes_to_merge(draw):
     dims = draw(st.lists(st.integers(1, 4), min_size=2, max_size=4))
@@ -91,6 +120,10 @@ def scopes_to_merge(draw):
         k = draw(st.integers(0, len(dims) - 1))
         terms.append("Z[" + ", ".join(f"{n}+1" if j == k else n for j, n in enumerate(names)) + "]")
         shapes["Z"] = tuple(dims)
+    if draw(st.booleans()):  # a read subsampled along every loop (a strided convolution's input)
+        stride = draw(st.integers(2, 3))
+        terms.append("V[" + ", ".join(f"{stride}*{n}" for n in names) + "]")
+        shapes["V"] = tuple(stride * d for d in dims)
     if draw(st.booleans()):  # a nested sum over a new loop, read at the outer loops
         inner = ", ".join(f"j{k}:{d}" for k, d in enumerate(dims))
         reads = ", ".join(f"j{k}" for k in range(len(dims)))
