@@ -38,6 +38,7 @@ from .orchestrate import (
     fuse_boundaries,
     fused_kernels,
     orchestrate,
+    race_runners_up,
     race_shared_in_place,
 )
 from .program import CompiledProgram, compile_candidate, remeasure, stitch
@@ -107,23 +108,27 @@ class CpuBackend:
         subprogram ``boundaries`` ("greedy"), or Korch's BLP over measured candidates ("blp",
         ``limits``: ``max_primitives``, ``time_limit``) that include the greedy plan's fused
         kernels (within what ``time_limit`` leaves after the greedy pass), its program then
-        raced end to end against the greedy one's (``faster_end_to_end``). Each
-        plan is first raced where its program runs (``race_shared_in_place``, with the
-        subprograms' runners-up ``alternatives``), and checked against the stitched program on
-        the same inputs (``agreeing``): a plan that computes something else is left out, and
-        where none is left the stitched program is returned as it is."""
+        raced end to end against the greedy one's (``faster_end_to_end``). The stitched
+        program's subprograms are first raced where they run against their runners-up
+        (``race_runners_up``, ``alternatives``); each plan is raced where its program runs
+        (``race_shared_in_place``), and checked against the stitched program on the same
+        inputs (``agreeing``): a plan that computes something else is left out, and where none
+        is left the stitched program is returned as it is."""
         start = time.perf_counter()
+        program, taken = race_runners_up(program, alternatives or {}, boundaries | required)
         greedy = fuse_boundaries(program, boundaries, self.db, self.tune)
-        plans = {"greedy": race_shared_in_place(program, *greedy, alternatives)}
+        plans = {"greedy": race_shared_in_place(program, *greedy)}
         if "time_limit" in limits and limits["time_limit"] is not None:  # the greedy pass took its share
             limits["time_limit"] = max(0.0, limits["time_limit"] - (time.perf_counter() - start))
         if method == "blp":  # the greedy plan's fused kernels among the BLP's candidates
             blp = orchestrate(program, required, self.db, self.tune, seeds=fused_kernels(*greedy), **limits)
-            plans = {"blp": race_shared_in_place(program, *blp, alternatives)} | plans
+            plans = {"blp": race_shared_in_place(program, *blp)} | plans
         checked = agreeing(plans, program, required)
         if not checked:  # no plan computes what its kernels compute apart: those kernels, as stitched
-            return program, Orchestration("none", figures={"disagreed": sorted(plans)})
-        return faster_end_to_end(checked)
+            return program, Orchestration("none", figures={"disagreed": sorted(plans), "runners_up_in_place": taken})
+        kept, plan = faster_end_to_end(checked)
+        plan.figures["runners_up_in_place"] = taken
+        return kept, plan
 
 
 @dataclass

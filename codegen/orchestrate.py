@@ -56,7 +56,9 @@ from .program import (
     end_to_end_seconds,
     in_place_times,
     race_in_place,
+    race_slots,
     results_agree,
+    runs_on,
 )
 from .tvm_kernel import CodegenError
 
@@ -482,40 +484,72 @@ def _same_kernels(a: CompiledProgram, b: CompiledProgram) -> bool:
     ]
 
 
+def race_runners_up(
+    stitched: CompiledProgram, runners_up: Mapping[str, Sequence[CompiledProgram]], ends: set[str]
+) -> tuple[CompiledProgram, int]:
+    """The stitched program with each subprogram raced where it runs against its runners-up
+    (``runners_up``: subprogram output -> programs over the stitched program's names, the
+    derivation's next cheapest candidates of other kernel structures: timed alone they lost,
+    where the program runs them they may not). A subprogram is its stitched kernels up to its
+    output (``ends``: every subprogram's output); each runner-up runs whole in their place
+    (``race_slots``), and the one whose kernels take least there is kept, with its bound
+    constants, the others' dropped. Raced before orchestration, each subprogram is still whole
+    (fused across a boundary, its last kernel would no longer be one a runner-up replaces).
+    Returns the program and how many subprograms took a runner-up."""
+    constants = dict(stitched.constants)
+    for programs in runners_up.values():
+        for other in programs:
+            constants.update(other.constants)
+    program = replace(stitched, constants=constants, buffers={})
+    groups, available = [], set(stitched.inputs) | set(constants)
+    for steps in _subprograms(stitched.steps, ends):
+        found = [steps]
+        for other in runners_up.get(steps[-1].kernel.output, ()):
+            timed = [s for s in other.steps if s.kernel.output not in constants]
+            if timed and runs_on(timed, available):
+                found.append(other.steps)
+        groups.append(found)
+        available |= {s.kernel.output for s in steps}
+    slots = [[[s for s in steps if s.kernel.output not in constants] for steps in found] for found in groups]
+    chosen, taken = [], 0
+    for found, (k, seconds) in zip(groups, race_slots(program, slots, rounds=6)):
+        times = dict(zip((s.kernel.output for s in found[k] if s.kernel.output not in constants), seconds))
+        chosen += [replace(s, seconds=times[s.kernel.output]) if times.get(s.kernel.output) else s for s in found[k]]
+        taken += k > 0
+    used = {n for s in chosen for n in tensor_shapes(s.kernel.expr)} | {s.kernel.output for s in chosen}
+    kept = {n: v for n, v in constants.items() if n in used}
+    return replace(program, steps=chosen, constants=kept, buffers={}).prepare(), taken
+
+
+def _subprograms(steps: Sequence[Step], ends: set[str]) -> list[list[Step]]:
+    """``steps`` (a stitched program's) cut after each subprogram's output (``ends``)."""
+    cut, current = [], []
+    for step in steps:
+        current.append(step)
+        if step.kernel.output in ends:
+            cut.append(current)
+            current = []
+    return cut + ([current] if current else [])
+
+
 def race_shared_in_place(
-    stitched: CompiledProgram,
-    orchestrated: CompiledProgram,
-    plan: Orchestration,
-    runners_up: Mapping[str, Sequence[CompiledProgram]] | None = None,
+    stitched: CompiledProgram, orchestrated: CompiledProgram, plan: Orchestration
 ) -> tuple[CompiledProgram, Orchestration]:
     """The orchestrated program checked where it runs (``race_in_place``): each kernel that
-    computes several primitives against those primitives' own kernels (from ``stitched``), each
-    kernel that a subprogram's derivation chose against its runners-up (``runners_up``: output
-    -> compiled programs, where orchestration left that kernel as it was), then every kernel's
-    implementations. The plan loses the shared kernels taken apart; ``figures`` counts them
-    (``apart_in_place``) and the runners-up taken (``runners_up_in_place``)."""
-    constant = set(stitched.constants)
+    computes several primitives against those primitives' own kernels (from ``stitched``), then
+    every kernel's implementations. The plan loses the shared kernels taken apart; ``figures``
+    counts them (``apart_in_place``)."""
     apart = {
-        k.output: [[s for s in stitched.steps if s.kernel.output in k.primitives and s.kernel.output not in constant]]
+        k.output: [
+            [s for s in stitched.steps if s.kernel.output in k.primitives and s.kernel.output not in stitched.constants]
+        ]
         for k in plan.shared
     }
-    made = {s.kernel.output: s.kernel.expr for s in stitched.steps}
-    kept = {s.kernel.output for s in orchestrated.steps if made.get(s.kernel.output) == s.kernel.expr}
-    runners_up = {n: programs for n, programs in (runners_up or {}).items() if n in kept and n not in apart}
-    others = {
-        name: [[s for s in p.steps if s.kernel.output not in p.constants] for p in programs]
-        for name, programs in runners_up.items()
-    }
-    extra = {n: v for programs in runners_up.values() for p in programs for n, v in p.constants.items()}
-    orchestrated = replace(orchestrated, constants=extra | orchestrated.constants, buffers={})
-    raced = race_in_place(race_in_place(orchestrated, apart | others))  # then the put-back kernels' implementations
+    orchestrated = replace(orchestrated, constants=dict(orchestrated.constants), buffers={})
+    raced = race_in_place(race_in_place(orchestrated, apart))  # then the put-back kernels' implementations
     before = {s.kernel.output: s.kernel.expr for s in orchestrated.steps}
     after = {s.kernel.output: s.kernel.expr for s in raced.steps}
-    changed = {n for n in before if after.get(n, before[n]) != before[n]}  # another kernel computes it now
-    separated = changed & set(apart)
+    separated = {n for n in before if after.get(n, before[n]) != before[n]} & set(apart)
     plan = replace(plan, shared=[k for k in plan.shared if k.output not in separated])
     plan.figures["apart_in_place"] = len(separated)
-    plan.figures["runners_up_in_place"] = len(changed & set(others))
-    used = {n for s in raced.steps for n in tensor_shapes(s.kernel.expr)} | {s.kernel.output for s in raced.steps}
-    raced.constants = {n: v for n, v in raced.constants.items() if n in used}  # runners-up's, if not taken
     return raced.prepare(), plan

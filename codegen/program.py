@@ -514,21 +514,39 @@ def race_in_place(
     follows other kernels, and its times and their ranking differ (measured here: BERT-base's
     query-key-value product, TVM's 0.52 ms and packed 0.58 ms alone, 0.76 and 0.68 after 3 ms of
     other work on one core). The implementations' own measurements decide what is compiled;
-    this race decides among what was compiled, as the program is used."""
+    this race (``race_slots``) decides among what was compiled, as the program is used."""
     slots = []  # per step of the program: its alternatives, each a list of steps
     available = set(program.inputs) | set(program.constants)
     for step in program.steps:
         found = [[step]]
         if not (step.kernel.weight_only or step.kernel.output in program.constants):
             for given in (alternatives or {}).get(step.kernel.output, ()):
-                if given and _runs_on(given, available):  # (a tensor orchestration fused away is no input)
+                if given and runs_on(given, available):  # (a tensor orchestration fused away is no input)
                     found += _variants(list(given), program.dtype)
             found += [[o] for o in _options(step, program.dtype) if o.impl != step.impl]
         slots.append(found)
         available.add(step.kernel.output)
+    if all(len(found) == 1 for found in slots):
+        return program
+    chosen = []
+    for found, (k, seconds) in zip(slots, race_slots(program, slots, rounds)):
+        chosen += [replace(s, seconds=t) if t is not None else s for s, t in zip(found[k], seconds)]
+    return replace(program, steps=_made_once(chosen), constants=dict(program.constants), buffers={}).prepare()
+
+
+def race_slots(
+    program: CompiledProgram, slots: Sequence[Sequence[Sequence[Step]]], rounds: int = 6
+) -> list[tuple[int, list[float | None]]]:
+    """Per slot of ``slots`` (the program's steps in order, each slot a list of alternatives,
+    each a list of steps that compute the same tensors from what the slots before make), the
+    alternative whose steps' summed median time is least where the program runs them, and each
+    of its steps' median seconds there (None where the slot was not raced): the slots with
+    several alternatives take each in turn across ``rounds`` runs per alternative of the whole
+    program (on zeros), each call timed where it stands; an alternative ``_BEHIND`` times slower
+    than the best leaves the race early. ``program`` gives the inputs, constants and dtype."""
     raced = [i for i, found in enumerate(slots) if len(found) > 1]
     if not raced:
-        return program
+        return [(0, [None] * len(found[0])) for found in slots]
     prepared = dict(program.prepared)
     for step in (s for i in raced for found in slots[i] for s in found):
         if hasattr(step.call, "prepare"):
@@ -561,14 +579,14 @@ def race_in_place(
             if all(len(samples.get((i, k, 0), ())) >= 3 for k in live[i]):
                 best = min(median(i, k) for k in live[i])
                 live[i] = [k for k in live[i] if median(i, k) <= _BEHIND * best]
-    chosen = []
+    choices = []
     for i, found in enumerate(slots):
         if i not in live:
-            chosen += found[0]
+            choices.append((0, [None] * len(found[0])))
             continue
         best = min(live[i], key=lambda k: median(i, k))
-        chosen += [replace(s, seconds=_median(samples[i, best, j])) for j, s in enumerate(found[best])]
-    return replace(program, steps=_made_once(chosen), constants=dict(program.constants), buffers={}).prepare()
+        choices.append((best, [_median(samples[i, best, j]) for j in range(len(found[best]))]))
+    return choices
 
 
 def _made_once(steps: list[Step], timed: bool = False) -> list[Step]:
@@ -636,7 +654,7 @@ def end_to_end_seconds(
     return {name: float(np.median(s)) for name, s in samples.items()}
 
 
-def _runs_on(steps: Sequence[Step], available: set[str]) -> bool:
+def runs_on(steps: Sequence[Step], available: set[str]) -> bool:
     """Whether ``steps``, in order, read only ``available`` tensors and each other's outputs."""
     made = set(available)
     for step in steps:

@@ -369,6 +369,14 @@ def test_a_plan_that_computes_something_else_than_its_kernels_apart_is_left_out(
         assert orchestrate_module.agreeing({"blp": plans["blp"]}, program, {"B", "C"}) == {}
 
 
+def _paused(step, seconds: float = 0.002):
+    def run(values, out):
+        time.sleep(seconds)
+        step.call(values, out)
+
+    return replace(step, call=run)
+
+
 def test_kernels_that_recompute_a_primitive_taken_apart_make_it_once(tmp_path, monkeypatch):
     """The BLP computes A twice, inside B's kernel and C's; where the program runs them both
     are slower than their primitives apart (a pause added to each), so the race in place takes
@@ -380,15 +388,7 @@ def test_kernels_that_recompute_a_primitive_taken_apart_make_it_once(tmp_path, m
     monkeypatch.setattr(orchestrate_module, "in_place_times", _primitives_take(1.0))
     orchestrated, plan = orchestrate(program, {"B", "C"}, db)
     assert plan.recomputed == {"A": 2}
-
-    def paused(call):
-        def run(values, out):
-            time.sleep(0.002)
-            call(values, out)
-
-        return run
-
-    slow = replace(orchestrated, steps=[replace(s, call=paused(s.call)) for s in orchestrated.steps], buffers={})
+    slow = replace(orchestrated, steps=[_paused(s) for s in orchestrated.steps], buffers={})
     raced, plan = orchestrate_module.race_shared_in_place(program, slow, plan)
     assert [s.kernel.output for s in raced.steps] == ["A", "B", "C"] and plan.figures["apart_in_place"] == 2
     x = np.random.default_rng(0).uniform(-1, 1, (16, 16)).astype(np.float32)
@@ -432,3 +432,34 @@ def test_the_plan_kept_is_the_one_whose_whole_run_is_faster(tmp_path, monkeypatc
     assert kept is program and plan.method == "blp" and "end_to_end_ms" not in plan.figures
     times = end_to_end_seconds({"blp": blp[0], "greedy": program}, min_rounds=2, max_rounds=2)
     assert set(times) == {"blp", "greedy"} and all(t > 0 for t in times.values())
+
+
+@pytest.mark.parametrize("slow", ["derived", "runner-up"])
+def test_a_subprogram_that_runs_slower_than_its_runner_up_where_the_program_runs_it_is_replaced(slow):
+    """Subprogram A derived as a weight-only kernel and a product (A = exp(X) * W2, W2 = 2 W),
+    its runner-up one kernel (A = exp(X) * 2 W); B = A + 1 reads it. Whichever is slower where
+    the program runs (a pause added to its kernel) loses the race, the runner-up replacing the
+    derived kernels whole, the derived one's weight-only output dropped with them; the program
+    computes the same values either way."""
+    n = (16, 16)
+
+    def step(output, body, reads, weight_only=False):
+        kernel = Kernel("eop", output, parse(f"L i:16, j:16 ; {body}", {r: n for r in reads}), weight_only=weight_only)
+        return _step(kernel, "tvm", "float32")
+
+    derived = [step("A_w2", "2 * W[i, j]", ["W"], True), step("A", "exp(X[i, j]) * A_w2[i, j]", ["X", "A_w2"])]
+    other = [step("A", "exp(X[i, j]) * (2 * W[i, j])", ["X", "W"])]
+    after = [step("B", "A[i, j] + 1", ["A"])]
+    if slow == "derived":
+        derived[1] = _paused(derived[1])
+    else:
+        other[0] = _paused(other[0])
+    w = np.random.default_rng(1).uniform(-1, 1, n).astype(np.float32)
+    stitched = CompiledProgram([*derived, *after], {"X": n}).bind({"W": w})
+    runner_up = CompiledProgram(other, {"X": n}).bind({"W": w})
+    raced, taken = orchestrate_module.race_runners_up(stitched, {"A": [runner_up]}, {"A", "B"})
+    outputs = [s.kernel.output for s in raced.steps]
+    assert (taken, outputs) == ((1, ["A", "B"]) if slow == "derived" else (0, ["A_w2", "A", "B"]))
+    assert ("A_w2" in raced.constants) == (slow == "runner-up")
+    x = np.random.default_rng(0).uniform(-1, 1, n).astype(np.float32)
+    np.testing.assert_allclose(raced(X=x), np.exp(x) * 2 * w + 1, rtol=1e-5)
