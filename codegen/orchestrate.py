@@ -510,6 +510,8 @@ def race_runners_up(
                 found.append(other.steps)
         groups.append(found)
         available |= {s.kernel.output for s in steps}
+    if all(len(found) == 1 for found in groups):  # nothing to race: the program as stitched
+        return stitched, 0
     slots = [[[s for s in steps if s.kernel.output not in constants] for steps in found] for found in groups]
     chosen, taken = [], 0
     for found, (k, seconds) in zip(groups, race_slots(program, slots, rounds=6)):
