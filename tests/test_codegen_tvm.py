@@ -261,10 +261,18 @@ def test_a_products_tile_rows_are_two_vectors_wide_where_an_even_number_of_vecto
             {"X": (8, 196, 8), "W": (4, 8, 8, 8)},
             ["p_1 in T.unroll(4)", "fo_1 in T.unroll(2)"],
         ),
-        # over 49 pixels: no whole tile of rows two vectors wide (6 at most), 7 rows of one
+        # over 49 pixels: no whole tile of rows two vectors wide (6 at most), so the pixels are
+        # computed widened to 54 (``_widened``), 6 rows of two blocks, and copied out
         (
             "L fo:4, p:49, fi:8 ; S co:8, ci:8 ; X[co, p, ci] * W[fo, co, ci, fi]",
             {"X": (8, 49, 8), "W": (4, 8, 8, 8)},
+            ["p_1 in T.unroll(6)", "fo_1 in T.unroll(2)"],
+        ),
+        # the same read at 2*(p/7), 2*(p%7) (a stride-2 1x1 convolution): widened, the whole
+        # tiles would read past X's 14 rows through / and %; 7 rows of one block
+        (
+            "L fo:4, p:49, fi:8 ; S co:8, ci:8 ; X[co, 2*(p/7), 2*(p%7), ci] * W[fo, co, ci, fi]",
+            {"X": (8, 14, 14, 8), "W": (4, 8, 8, 8)},
             ["p_1 in T.unroll(7)"],
         ),
         # a depthwise convolution: no broadcast read for two blocks of channels to share
@@ -280,7 +288,9 @@ def test_where_the_lanes_loop_is_one_vector_a_tiles_rows_span_two_steps_of_a_loo
 ):
     """With 8 lanes (AVX2) along a blocked layout's channels, the lanes' loop is one vector: a
     row of the register tile takes two steps of the output's blocks (``_columns``), one
-    broadcast of X feeding both, where that tiles in whole tiles; else rows of one vector."""
+    broadcast of X feeding both, in whole tiles, the rows' loop widened to them where it has no
+    divisor to tile by and the wider box reads nothing new past a bound through ``/`` or ``%``;
+    else rows of one vector."""
     expr = parse(text, shapes)
     listing = compile_scope(expr, dtype="float32", schedule=Schedule(vector=8)).listing()
     unrolled = [line.split("for ")[1].rstrip(":") for line in listing.splitlines() if "T.unroll" in line]

@@ -271,6 +271,7 @@ def test_each_layers_parallel_definitions_merge_with_each_other_and_not_across_l
 
 
 def test_nchw_tensors_are_stored_in_blocks_of_the_vector_then_of_half_where_it_does_not_divide():
+    """The output C too, then copied back to its layout once (the copy is not blocked again)."""
     program = parse_program(
         "A = L n:1, c:32, h:4, w:4 ; relu(X[n, c, h, w])\n"
         "B = L n:1, g:24, h:4, w:4 ; S c:32 ; A[n, c, h, w] * V[g, c]\n"
@@ -282,8 +283,10 @@ def test_nchw_tensors_are_stored_in_blocks_of_the_vector_then_of_half_where_it_d
     assert [(n, e.shape) for n, e in blocked.definitions] == [
         ("A_16c", (1, 2, 4, 4, 16)),
         ("B_8c", (1, 3, 4, 4, 8)),
+        ("C_8c", (1, 3, 4, 4, 8)),
         ("C", (1, 24, 4, 4)),
     ]
+    assert str(dict(blocked.definitions)["C"]) == "L n:1, g:24, h:4, w:4 ; C_8c[n, g/8, h, w, g%8]"
     assert blocked_layouts(program, lanes=0) == program  # no vector to fill: as written
     rng = np.random.default_rng(0)
     x, v = rng.standard_normal((1, 32, 4, 4)), rng.standard_normal((24, 32))

@@ -534,8 +534,8 @@ def test_the_harness_imports_without_hypothesis_and_the_strategies_say_what_they
 
 def test_channel_blocking_stores_a_chain_in_blocks_and_splits_the_sums_that_read_it():
     """The 1x1 convolution's sum over A's channels reads whole blocks (``S co, ci``); the padded
-    copy nested in the depthwise convolution is stored in blocks with it; the output keeps its
-    layout and reads the last tensor through ``/`` and ``%``."""
+    copy nested in the depthwise convolution is stored in blocks with it; the output is stored
+    in blocks too and copied back to its own layout through ``/`` and ``%``."""
     program = parse_program(
         "A = L n:1, f:4, h:3, w:3 ; relu(X[n, f, h, w])\n"
         "P = L n:1, g:4, h:3, w:3 ; S c:4 ; A[n, c, h, w] * V[g, c]\n"
@@ -545,13 +545,15 @@ def test_channel_blocking_stores_a_chain_in_blocks_and_splits_the_sums_that_read
         {"X": (1, 4, 3, 3), "V": (4, 4), "K": (4, 3, 3)},
     )
     variants = RULES["channel blocking"].apply(program)
-    assert [len(v.definitions) for v in variants] == [4, 4]  # blocks of 4, then of 2 (16 and 8 divide nothing)
+    assert [len(v.definitions) for v in variants] == [5, 5]  # blocks of 4, then of 2 (16 and 8 divide nothing)
     blocked = dict(variants[0].definitions)
     assert str(blocked["A_4c"]) == "L n:1, fo:1, h:3, w:3, fi:4 ; relu(X[n, fi+4*fo, h, w])"
     assert str(blocked["P_4c"]).endswith("S co:1, ci:4 ; A_4c[n, co, h, w, ci] * V[gi+4*go, ci+4*co]")
     assert "{ L n:1, go:1, y:5, x:5, gi:4 ; P_4c[n, go, y-1, x-1, gi] }" in str(blocked["D_4c"])
-    assert str(blocked["R"]) == "L n:1, g:4, h:2, w:2 ; relu(D_4c[n, 0, h, w, g])"  # one block: g/4 is 0
-    assert str(dict(variants[1].definitions)["R"]) == "L n:1, g:4, h:2, w:2 ; relu(D_2c[n, g/2, h, w, g%2])"
+    assert str(blocked["R_4c"]) == "L n:1, go:1, h:2, w:2, gi:4 ; relu(D_4c[n, go, h, w, gi])"
+    assert str(blocked["R"]) == "L n:1, g:4, h:2, w:2 ; R_4c[n, 0, h, w, g]"  # one block: g/4 is 0
+    assert str(dict(variants[1].definitions)["R"]) == "L n:1, g:4, h:2, w:2 ; R_2c[n, g/2, h, w, g%2]"
+    assert all(v.outputs == ("R",) for v in variants)
     assert assert_sound(RULES["channel blocking"], program) == 2
 
 
