@@ -30,13 +30,14 @@ def block_channels(program: Program):
 
         T = L n, c, h, w ; f(c)          =>   T' = L n, co:C/b, h, w, ci:b ; f(b*co + ci)
         U = ... T[n, e, y, x] ...        =>   U  = ... T'[n, e/b, y, x, e%b] ...
+        (T an output)                    =>   T' as above ; T = L n, c, h, w ; T'[n, c/b, h, w, c%b]
 
     A scope nested in T's and read at exactly c is stored the same way (the convolution inside
     a bias and an activation), and a reader's summation iterator that indexes T's channels
     exactly is split too (``S c`` => ``S co, ci``), so its reads become ``T'[n, co, y, x, ci]``
     and a vector along ci loads one run of memory. One variant per block size of ``BLOCKS``,
-    each blocking every tensor that size divides: a definition of rank 4 that is no output,
-    stored from 0 along its channels, and read by scopes only (an opaque operation reads the
+    each blocking every tensor that size divides: a definition of rank 4 (not an output's copy
+    back), stored from 0 along its channels, and read by scopes only (an opaque operation reads the
     layout as written). Readers keep their own layout unless blocked themselves. A program's
     output is stored blocked too and copied back to its own layout by a definition of its name,
     as onnxruntime reorders its NCHWc outputs (``_unblocked``): the convolution that makes it
