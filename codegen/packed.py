@@ -15,12 +15,13 @@ onnxruntime's MLAS runs a MatMul with a constant weight; the BLAS call (numpy's)
 weight into its own panels on every call. Measured here (AMD Zen 5, ``bench/products_vs_mlas.py``,
 weights cold, ms): 197x3072 @ 768 2.52 as it lies, 1.95 in panels (onnxruntime 2.05).
 
-A panel is as wide as the kernel's register tile's rows (``panels_width``), at most two
+A panel is as wide as the kernel's register tile's rows (``panels_width``), mostly two
 vectors (``tvm_kernel.panel_width``: 32 columns of float32 on AVX-512, 16 on AVX2), so each row
 of the tile is two vectors sharing one broadcast read of the other operand. Against one-vector
 panels: 197x3072 @ 768 2.76 to 2.22 (onnxruntime 2.10), 197x768 @ 3072 2.77 to 2.16 (2.10),
 32x3072 @ 768 0.51 to 0.46 (0.57). Where the tile's rows are one vector (a blocked layout's
-1x1 convolution over 7x7 pixels, ``tvm_kernel._columns``), so are the panels.
+1x1 convolution over 7x7 pixels, ``tvm_kernel._columns``), so are the panels; where they are
+three (AVX2, rows that 4 divide and 6 do not: ``tvm_kernel._THREE_WIDE``), 24 columns.
 
 The other operand was once laid out k-major first (``T[k, m] = A[m, k]``, by a small
 transposition kernel on every call), since on an older machine (AMD EPYC) a register tile's
@@ -82,13 +83,14 @@ def packed_call(kernel: Kernel, dtype: str):
 
 
 def panels_width(expr: Scope, dtype: str) -> int:
-    """A panel's width for ``expr``: its register tile's row (``tvm_kernel.tile_vectors``), up
-    to two vectors (``panel_width``). A tile one vector wide over panels of two (an NCHW8c 1x1
+    """A panel's width for ``expr``: its register tile's row (``tvm_kernel.tile_vectors``): two
+    vectors (``panel_width``), three where 4 rows of three tile it on AVX2 (a transformer's 32
+    tokens), or one. A tile one vector wide over panels of two (an NCHW8c 1x1
     convolution over 7x7, its rows one block of output channels) used half of each line of the
     weight it loaded and the other half in the next tile: measured on AMD EPYC (Zen 3, AVX2),
     weights cold, panels of 16 against 8 interleaved in one process, 2048 -> 512 channels
     1.09 to 0.93 ms, 512 -> 2048 1.00 to 0.92."""
-    return min(panel_width(), tile_vectors(expr, dtype) * native_lanes(dtype))
+    return tile_vectors(expr, dtype) * native_lanes(dtype)
 
 
 def _lanes_dimension(expr: Scope, name: str, width: int) -> int | None:

@@ -254,6 +254,25 @@ def test_a_products_tile_rows_are_two_vectors_wide_where_an_even_number_of_vecto
 
 
 @pytest.mark.parametrize(
+    "m, n, tile",
+    [
+        (32, 96, ["m_1 in T.unroll(4)", "n_0_1 in T.unroll(3)"]),  # 4 rows divide 32, 6 do not: 12 accumulators
+        (36, 96, ["m_1 in T.unroll(6)", "n_0_1 in T.unroll(2)"]),  # 6 rows divide 36: as many, two stay
+        (32, 64, ["m_1 in T.unroll(4)", "n_0_1 in T.unroll(2)"]),  # 8 vectors along n: three do not divide them
+    ],
+)
+def test_with_avx2s_lanes_a_products_tile_rows_are_three_vectors_wide_where_four_rows_divide_and_six_do_not(m, n, tile):
+    """A transformer's 32 tokens (ConvNeXt's 196 pixels) with 16 vector registers: rows of two
+    vectors make 4 rows (8 accumulators), rows of three make 4 rows too (12), as many as 6 rows
+    of two where 6 divides the rows."""
+    expr = parse(f"L m:{m}, n:{n} ; S k:64 ; A[m, k] * B[k, n]", {"A": (m, 64), "B": (64, n)})
+    listing = compile_scope(expr, dtype="float32", schedule=Schedule(vector=8)).listing()
+    unrolled = [line.split("for ")[1].rstrip(":") for line in listing.splitlines() if "T.unroll" in line]
+    assert [loop for loop in unrolled if "_init" not in loop] == tile
+    assert_matches(expr, random_inputs(expr, 9), dtype="float32", schedule=Schedule(vector=8))
+
+
+@pytest.mark.parametrize(
     "text, shapes, tile",
     [  # an NCHW8c 1x1 convolution over 196 pixels: 4 rows, each two blocks of output channels
         (
