@@ -158,7 +158,7 @@ class Schedule:
     tile: int | None = None
     # vectors per row of the register tile, each row's broadcast read feeding them all; None: 2
     # where a vector holds 8 lanes or more and an even number of vectors is left (one where that
-    # tiles worse, ``_register_tile``), else 1
+    # tiles worse, three on AVX2 where that makes more accumulators, ``_register_tile``), else 1
     width: int | None = None
     parallel: int | None = None  # outer spatial loops fused into the parallel loop; None: enough, 0: serial
     unroll: int = 1  # unroll factor of the innermost summation loop (with traversal lanes)
@@ -907,6 +907,9 @@ def _runs_along(name: str, indices, shape) -> bool:
     return False
 
 
+_AVX2_ACCUMULATORS = 12  # of AVX2's 16 vector registers, those a register tile of rows wider than one vector takes
+
+
 def _tile_rows(params: Schedule, native: int, width: int = 1) -> int:
     """Rows of the register tile: ``params.tile``, else as many as leave room for the loads
     beside the accumulators: on AVX-512 (16 float32 lanes, 32 registers) 16 rows, or 14 rows
@@ -917,7 +920,7 @@ def _tile_rows(params: Schedule, native: int, width: int = 1) -> int:
         return params.tile
     if native >= 16:
         return 16 if width == 1 else 14
-    return {1: 8, 2: 6, 3: 4}[width]
+    return 8 if width == 1 else max(1, _AVX2_ACCUMULATORS // width)
 
 
 def _tile_width(params: Schedule, native: int, vectors: int) -> int:
