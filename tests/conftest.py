@@ -4,6 +4,10 @@
   (not an installed copy) without installing. The hypothesis strategies are the package's own:
   ``from rewriter.testing.strategies import expressions, applicable, ...``.
 * Tests marked ``slow`` are skipped unless ``RUN_SLOW=1`` (see below).
+* Kernels and measurements go to a cache of the run's own (``REWRITER_CACHE``, unless it is set),
+  shared by pytest-xdist's workers and removed at the end: tests run two at a time (README's
+  ``-n 2``), and their timings, taken beside each other, must not reach the user's cache, where
+  the optimizer would reuse them.
 * Hypothesis profiles: ``default`` and ``ci`` (200 examples, no deadline), ``dev`` (30 examples);
   ``HYPOTHESIS_PROFILE=dev python3 -m pytest tests`` picks one.
 """
@@ -11,7 +15,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
@@ -25,6 +31,21 @@ settings.register_profile("default", max_examples=200, **_COMMON)
 settings.register_profile("ci", max_examples=200, **_COMMON)
 settings.register_profile("dev", max_examples=30, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_configure(config):
+    """The run's cache, made by the main process before xdist starts its workers (they inherit
+    its environment)."""
+    if not hasattr(config, "workerinput") and not os.environ.get("REWRITER_CACHE"):
+        config._rewriter_cache = tempfile.mkdtemp(prefix="rewriter-tests-")
+        os.environ["REWRITER_CACHE"] = config._rewriter_cache
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "_rewriter_cache", None)
+    if cache:
+        del os.environ["REWRITER_CACHE"]
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
