@@ -23,6 +23,7 @@ from codegen.tvm_kernel import (
     cache_path,
     host_target,
     lower_to_te,
+    native_lanes,
     panel_layout,
     panel_width,
     physical_cores,
@@ -529,13 +530,13 @@ def test_a_products_rows_with_no_tile_dividing_them_widen_to_whole_tiles_under_i
 
 def test_a_weight_given_in_panels_along_the_lanes_is_read_from_them():
     """B read as ``B[j, k]``, its first dimension along the lanes: the kernel takes B in panels
-    of as many rows as the schedule says (``panel_layout``: 40 rows in panels of 16 or 8, the
-    last zero past its end) and computes what the scope says; a read that may fall before B's
-    start cannot be read from panels."""
+    of as many rows as the schedule says (``panel_layout``: 40 rows in panels of two vectors or
+    one, the last zero past its end) and computes what the scope says; a read that may fall
+    before B's start cannot be read from panels."""
     shapes = {"A": (5, 8), "B": (40, 8)}
     expr = parse("L i:5, j:40 ; S k:8 ; A[i, k] * B[j, k]", shapes)
     inputs = random_inputs(expr, 3)
-    for width in (panel_width(), 8):
+    for width in (panel_width(), native_lanes()):
         kernel = compile_scope(expr, dtype="float32", schedule=Schedule(panels=(("B", 0, width),)))
         assert kernel.views[:2] == ((5, 8), (-(-40 // width), 8, width))
         out = aligned_empty((5, 40), "float32")

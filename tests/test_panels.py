@@ -75,11 +75,16 @@ def test_panels_compute_a_convolution_with_its_epilogue_where_they_lay_it_out(ex
 def test_a_panel_is_as_wide_as_the_register_tiles_rows(columns):
     """Each tile loads every line of the weight it reads whole: with AVX2's 8 lanes, 7 or 14
     output columns tile as rows of one vector, and the panels are one vector wide; where the
-    rows are a whole line wide (or a vector is a line, AVX-512), panels are a line wide."""
+    rows are a whole line wide, panels are a line wide. Where a vector is a line (AVX-512's 16
+    lanes) a panel is one vector, and a tile's row may span two panels' worth of channels
+    (``tvm_kernel._columns``), each line still read whole."""
     shapes = {"X": (1, 8, columns + 2, columns + 2), "W": (32, 8, 3, 3)}
     conv = parse(f"L n:1, f:32, h:{columns}, w:{columns} ; S c:8, r:3, s:3 ; X[n, c, h+r, w+s] * W[f, c, r, s]", shapes)
     call = panels_call(_conv_kernel(conv), "float32")
     rows = tile_vectors(call.product.scope) * native_lanes()
     assert call.width in (LINE, native_lanes())
-    assert rows == call.width  # the tile's row is the panel, no wider, no narrower
+    if native_lanes() < LINE:
+        assert rows == call.width  # the tile's row is the panel, no wider, no narrower
+    else:
+        assert call.width == LINE and rows % LINE == 0  # whole panels, each a line
     _check(call, conv, seed=0, prepared=True)
