@@ -100,7 +100,7 @@ class Orchestration:
         if "variables" in f:
             lines.append(
                 f"  BLP: {f['variables']} variables, {f['constraints']} constraints, {f['status']}"
-                f" in {f['solve_s']} s, gap {f['gap']}"
+                f" in {f['solve_s']} s, gap {f['gap']}" + (", started from the greedy plan" if f.get("started") else "")
             )
         if "seconds" in f:
             greedy = (
@@ -222,7 +222,8 @@ def orchestrate(
     }
     choices = [Choice(m, frozenset(tensor_shapes(s.kernel.expr)), t) for m, s, t in zip(members, made, seconds)]
     made = [replace(s, seconds=t) for s, t in zip(made, seconds)]
-    plan = solve(graph, choices, set(required) | {program.output}, solver_time_limit)
+    greedy = _seeds_plan(choices, seeded, len(timed)) if seeded else []
+    plan = solve(graph, choices, set(required) | {program.output}, solver_time_limit, start=greedy)
     chosen = {choices[i].members[-1]: i for i in plan.chosen}  # output primitive -> its kernel
     at = {id(s): p for p, s in enumerate(timed)}
     new_steps = [
@@ -231,8 +232,8 @@ def orchestrate(
         if id(s) not in at or at[id(s)] in chosen
     ]
     figures |= plan.figures | {"seconds": plan.seconds, "baseline_seconds": plan.baseline_seconds}
-    if seeded:
-        figures["greedy_seconds"] = _seeds_seconds(choices, seeded, len(timed))
+    if greedy:
+        figures["greedy_seconds"] = sum(choices[i].seconds for i in greedy)
     orchestrated = replace(program, steps=new_steps, constants=dict(program.constants), buffers={}).prepare()
     return orchestrated, _plan_report(graph, [choices[i] for i in chosen.values()], choices, widths, figures)
 
@@ -333,14 +334,13 @@ def _seeded(seeds, timed: list[Step], forms: dict, dtype: str) -> dict[tuple[int
     return seeded
 
 
-def _seeds_seconds(choices: list[Choice], seeded, primitives: int) -> float:
-    """The seeds' plan in the BLP's terms: the seeds' measured seconds, and each primitive that
-    no seed computes as its own kernel."""
-    by_members = {c.members: c.seconds for c in choices}
-    covered = {m for members in seeded for m in members}
-    return sum(by_members[members] for members in seeded) + sum(
-        by_members[(p,)] for p in range(primitives) if p not in covered
-    )
+def _seeds_plan(choices: list[Choice], seeded, primitives: int) -> list[int]:
+    """The seeds' plan in the BLP's terms (indices into ``choices``): each seed, and each
+    primitive that no seed computes as its own kernel."""
+    index = {c.members: i for i, c in enumerate(choices)}
+    plan = [index[members] for members in seeded if members in index]
+    covered = {m for i in plan for m in choices[i].members}
+    return plan + [index[(p,)] for p in range(primitives) if p not in covered]
 
 
 def _generated_with_epilogue(kernel: Kernel, available: set[str]) -> bool:

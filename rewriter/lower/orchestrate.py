@@ -18,10 +18,10 @@ cut to place and linear in the graph's length.
 
 ``solve`` is Korch's binary linear program (equations 2-4): minimise the summed measured time of
 the chosen kernels such that every required tensor is produced and every input of a chosen
-kernel is produced by a chosen kernel or given. It is solved by HiGHS (``scipy.optimize.milp``)
-under a time limit, with a cover row per primitive (it is computed by some chosen kernel) that
-every plan meets and that makes the LP relaxation tight; a plan not better than the baseline
-(every primitive its own kernel) is not taken.
+kernel is produced by a chosen kernel or given. It is solved by HiGHS (highspy) under a time
+limit, started from the greedy plan, with a cover row per primitive (it is computed by some
+chosen kernel) that every plan meets and that makes the LP relaxation tight; a plan not better
+than the baseline (every primitive its own kernel) is not taken.
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import highspy
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_array
 
 from rewriter.ir import tensor_shapes
 
@@ -162,7 +161,36 @@ class Plan:
     figures: dict = field(default_factory=dict)  # variables, constraints, status, gap, solve_s
 
 
-def blp_constraints(graph: Primitives, choices: Sequence[Choice], required: set[str]) -> LinearConstraint:
+@dataclass(frozen=True)
+class Constraints:
+    """The BLP's rows over the choices (one binary variable each): each row a list of
+    (choice, coefficient), its sum at least the row's lower bound (1 or 0)."""
+
+    rows: tuple[tuple[tuple[int, float], ...], ...]
+    lower: tuple[float, ...]
+
+    def met_by(self, chosen: set[int]) -> bool:
+        return all(sum(v for i, v in row if i in chosen) >= low for row, low in zip(self.rows, self.lower))
+
+    def model(self, costs: Sequence[float], integral: bool = True) -> highspy.HighsLp:
+        """HiGHS's model: minimise ``costs`` over the choices in [0, 1], binary if ``integral``."""
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = len(costs), len(self.rows)
+        lp.col_cost_ = np.asarray(costs, dtype=float)
+        lp.col_lower_, lp.col_upper_ = np.zeros(len(costs)), np.ones(len(costs))
+        lp.row_lower_ = np.asarray(self.lower, dtype=float)
+        lp.row_upper_ = np.full(len(self.rows), highspy.kHighsInf)
+        matrix = lp.a_matrix_
+        matrix.format_ = highspy.MatrixFormat.kRowwise
+        matrix.start_ = np.cumsum([0] + [len(row) for row in self.rows])
+        matrix.index_ = np.array([i for row in self.rows for i, _ in row], dtype=np.int32)
+        matrix.value_ = np.array([v for row in self.rows for _, v in row], dtype=float)
+        if integral:
+            lp.integrality_ = [highspy.HighsVarType.kInteger] * len(costs)
+        return lp
+
+
+def blp_constraints(graph: Primitives, choices: Sequence[Choice], required: set[str]) -> Constraints:
     """The BLP's constraints over ``choices`` (one variable each): every ``required`` tensor
     produced (output constraints), every tensor a chosen kernel reads that a primitive makes
     produced by a chosen kernel (dependency constraints; Korch equations 3-4), and every
@@ -176,39 +204,72 @@ def blp_constraints(graph: Primitives, choices: Sequence[Choice], required: set[
         for tensor in sorted(choice.reads & set(made)):
             rows.append([(i, 1.0) for i in producing[made[tensor]]] + [(index, -1.0)])
     rows += _cover_rows(graph, choices, {made[t] for t in required & set(made)})
-    lower = np.array([1.0 if all(v > 0 for _, v in row) else 0.0 for row in rows])
-    entries = [(r, i, v) for r, row in enumerate(rows) for i, v in row]
-    r, c, v = (list(x) for x in zip(*entries)) if entries else ([], [], [])
-    return LinearConstraint(coo_array((v, (r, c)), shape=(len(rows), len(choices))), lower, np.inf)
+    lower = tuple(1.0 if all(v > 0 for _, v in row) else 0.0 for row in rows)
+    return Constraints(tuple(map(tuple, rows)), lower)
 
 
-def solve(graph: Primitives, choices: Sequence[Choice], required: set[str], time_limit: float = 10.0) -> Plan:
+def solve(
+    graph: Primitives,
+    choices: Sequence[Choice],
+    required: set[str],
+    time_limit: float = 10.0,
+    start: Sequence[int] = (),
+) -> Plan:
     """Korch's BLP (equation 2) over ``choices``, which include every primitive alone (the
     baseline): minimise the chosen kernels' summed seconds under ``blp_constraints``. A primitive
-    may be computed by several chosen kernels."""
-    rows = blp_constraints(graph, choices, required)
-    start = time.perf_counter()
-    result = milp(
-        np.array([choice.seconds for choice in choices]) * 1e6,  # microseconds: better scaled
-        constraints=rows,
-        integrality=np.ones(len(choices)),
-        bounds=Bounds(0, 1),
-        options={"time_limit": time_limit, "disp": False, "mip_rel_gap": 1e-6},
-    )
+    may be computed by several chosen kernels. ``start``: a plan (indices into ``choices``, the
+    greedy one) that HiGHS starts from where it meets the constraints, so that a search stopped
+    by ``time_limit`` returns a plan at least as cheap."""
+    constraints = blp_constraints(graph, choices, required)
+    costs = [choice.seconds * 1e6 for choice in choices]  # microseconds: better scaled
+    highs = _highs(time_limit)
+    highs.passModel(constraints.model(costs))
+    started = bool(start) and constraints.met_by(set(start))
+    if started:
+        x = np.zeros(len(choices))
+        x[list(start)] = 1.0
+        solution = highspy.HighsSolution()
+        solution.col_value, solution.value_valid = x, True
+        highs.setSolution(solution)
+    begin = time.perf_counter()
+    highs.run()
+    info, status = highs.getInfo(), highs.getModelStatus()
     figures = {
         "variables": len(choices),
-        "constraints": rows.A.shape[0],
-        "status": result.message,
-        "gap": getattr(result, "mip_gap", None),
-        "solve_s": round(time.perf_counter() - start, 4),
+        "constraints": len(constraints.rows),
+        "status": highs.modelStatusToString(status),
+        "gap": info.mip_gap if info.mip_gap < highspy.kHighsInf else None,
+        "solve_s": round(time.perf_counter() - begin, 4),
+        "started": started,
     }
     alone = {c.members[0]: i for i, c in enumerate(choices) if len(c.members) == 1}
     baseline = [alone[p] for p in range(len(graph.kernels))]
     baseline_seconds = sum(choices[i].seconds for i in baseline)
-    if result.x is None or result.fun / 1e6 >= baseline_seconds:
+    found = info.primal_solution_status == highspy.kSolutionStatusFeasible
+    if not found or info.objective_function_value / 1e6 >= baseline_seconds:
         return Plan(baseline, baseline_seconds, baseline_seconds, figures)
-    chosen = [i for i, x in enumerate(result.x) if x > 0.5]
+    chosen = [i for i, x in enumerate(highs.getSolution().col_value) if x > 0.5]
     return Plan(chosen, sum(choices[i].seconds for i in chosen), baseline_seconds, figures)
+
+
+def lp_bound(graph: Primitives, choices: Sequence[Choice], required: set[str]) -> float:
+    """The LP relaxation's optimum (seconds): the bound HiGHS prunes with, tight thanks to the
+    cover rows (``_cover_rows``)."""
+    highs = _highs(None)
+    highs.passModel(blp_constraints(graph, choices, required).model([c.seconds for c in choices], integral=False))
+    highs.run()
+    return highs.getInfo().objective_function_value
+
+
+def _highs(time_limit: float | None) -> highspy._Highs:
+    """A silent HiGHS instance. highspy's ``Highs`` prints HiGHS's banner from its constructor,
+    before an option can turn output off; its base class, the solver itself, does not."""
+    highs = highspy._Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.setOptionValue("mip_rel_gap", 1e-6)
+    if time_limit is not None:
+        highs.setOptionValue("time_limit", float(time_limit))
+    return highs
 
 
 def _cover_rows(graph: Primitives, choices: Sequence[Choice], outputs: set[int]) -> list[list[tuple[int, float]]]:
