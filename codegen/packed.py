@@ -21,7 +21,9 @@ of the tile is two vectors sharing one broadcast read of the other operand. Agai
 panels: 197x3072 @ 768 2.76 to 2.22 (onnxruntime 2.10), 197x768 @ 3072 2.77 to 2.16 (2.10),
 32x3072 @ 768 0.51 to 0.46 (0.57). Where the tile's rows are one vector (a blocked layout's
 1x1 convolution over 7x7 pixels, ``tvm_kernel._columns``), so are the panels; where they are
-three (AVX2, rows that 4 divide and 6 do not: ``tvm_kernel._THREE_WIDE``), 24 columns.
+three (AVX2, rows that 4 divide and 6 do not: ``tvm_kernel._THREE_WIDE``), 24 columns; where
+they are six (AVX-512, rows that two-vector tiles take no deeper than 8: ``tvm_kernel._SIX_WIDE``),
+96 columns.
 
 The other operand was once laid out k-major first (``T[k, m] = A[m, k]``, by a small
 transposition kernel on every call), since on an older machine (AMD EPYC) a register tile's
@@ -85,7 +87,7 @@ def packed_call(kernel: Kernel, dtype: str):
 def panels_width(expr: Scope, dtype: str) -> int:
     """A panel's width for ``expr``: its register tile's row (``tvm_kernel.tile_vectors``): two
     vectors (``panel_width``), three where 4 rows of three tile it on AVX2 (a transformer's 32
-    tokens), or one. A tile one vector wide over panels of two (an NCHW8c 1x1
+    tokens), six where 4 rows of six do on AVX-512, or one. A tile one vector wide over panels of two (an NCHW8c 1x1
     convolution over 7x7, its rows one block of output channels) used half of each line of the
     weight it loaded and the other half in the next tile: measured on AMD EPYC (Zen 3, AVX2),
     weights cold, panels of 16 against 8 interleaved in one process, 2048 -> 512 channels

@@ -27,6 +27,7 @@ from codegen.tvm_kernel import (
     panel_layout,
     panel_width,
     physical_cores,
+    tile_vectors,
 )
 from rewriter import conv2d, conv_transpose2d, evaluate, g2bmm, matmul, parse
 from rewriter.cases import CASES
@@ -526,6 +527,25 @@ def test_a_products_rows_with_no_tile_dividing_them_widen_to_whole_tiles_under_i
     assert 'T.sblock_alloc_buffer((126, 64), scope="local")' in listing and "T.unroll(14)" in listing
     assert "T.where" in listing.split("for k in")[1]  # the epilogue skips the rows past 113
     assert_matches(expr, random_inputs(expr, 11), dtype="float32", schedule=Schedule(vector=16))
+
+
+AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512"}  # 16 float32 lanes, 32 vector registers
+AVX2 = {"kind": "llvm", "mcpu": "znver3"}  # 8 lanes, 16 registers
+
+
+@pytest.mark.parametrize("rows, vectors", [(32, 6), (196, 2)])
+def test_avx512_tiles_a_short_product_in_rows_of_six_vectors(rows, vectors):
+    """On AVX-512 a product whose rows tile no deeper than 8 in rows of two vectors (32 tokens:
+    16 accumulators) takes 4 rows of six (24), its summation in blocks; one whose rows tile 14
+    deep (196: 28 accumulators) keeps two. AVX2 has no room for six. Both compute the product,
+    and so does the six-wide tile forced on this CPU, whichever it is."""
+    shapes = {"A": (rows, 256), "W": (256, 192)}
+    expr = parse(f"L i:{rows}, j:192 ; S k:256 ; A[i, k] * W[k, j]", shapes)
+    assert tile_vectors(expr, "float32", AVX512) == vectors
+    assert tile_vectors(expr, "float32", AVX2) < 6
+    inputs = random_inputs(expr, 5)
+    assert_matches(expr, inputs, dtype="float32")
+    assert_matches(expr, inputs, dtype="float32", schedule=Schedule(tile=4, width=6, kblock=128))
 
 
 def test_a_weight_given_in_panels_along_the_lanes_is_read_from_them():
