@@ -104,6 +104,10 @@ def greedy_and_orchestrated(program, weights, **options) -> tuple[dict, dict]:
     return programs, seconds
 
 
+# the BLP's figures a row keeps ("started": HiGHS began from the greedy plan)
+BLP_FIGURES = ("candidates", "seeded", "measured", "refused", "variables", "constraints", "solve_s", "gap", "started")
+
+
 def orchestration_columns(programs: dict, seconds: dict) -> dict:
     """The result row's orchestration figures: time, kernels and the BLP's size and solve time."""
     figures = programs["blp"].orchestration.figures
@@ -119,10 +123,7 @@ def orchestration_columns(programs: dict, seconds: dict) -> dict:
         "layouts_ms": figures.get("layouts_ms"),  # the stitched programs' whole runs, in turns
         "shared_kernels": len(programs["blp"].orchestration.shared),
         "recomputed": len(programs["blp"].orchestration.recomputed),
-        **{
-            f"blp_{k}": figures.get(k)
-            for k in ("candidates", "seeded", "measured", "refused", "variables", "constraints", "solve_s", "gap")
-        },
+        **{f"blp_{k}": figures.get(k) for k in BLP_FIGURES},
         # the BLP's plan and the greedy one's in the BLP's terms (kernels timed where trial programs ran them, summed)
         **{f"blp_{k}_ms": round(figures[k] * 1e3, 3) for k in ("seconds", "greedy_seconds") if k in figures},
     }
