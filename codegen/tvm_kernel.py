@@ -914,8 +914,8 @@ _AVX512_ACCUMULATORS = 28  # of AVX-512's 32: 14 rows of two vectors, 4 of six (
 def _tile_rows(params: Schedule, native: int, width: int = 1) -> int:
     """Rows of the register tile: ``params.tile``, else as many as leave room for the loads
     beside the accumulators: on AVX-512 (16 float32 lanes, 32 registers) 16 rows, 14 rows
-    two vectors wide, or 4 six wide; with 16 registers (AVX2) 8 rows, 6 two vectors wide, or 4 three wide
-    (12 accumulators either way; measured on AMD EPYC, Zen 3: 197x768 @ 768x3072 in panels
+    two vectors wide, or 4 six wide; with 16 registers (AVX2) 8 rows, 6 two vectors wide, or 4
+    three wide (12 accumulators either way; measured on AMD EPYC, Zen 3: 197x768 @ 768x3072 in panels
     6.0 ms with 6 rows of two vectors, 9.8 with 6 of one, 11.6 with 4 of two; onnxruntime 6.5)."""
     if params.tile:
         return params.tile
@@ -1232,9 +1232,7 @@ _BLOCK_BYTES = 8 << 10
 _BLOCKED_ITERATIONS = 4  # the loops outside the blocks (run in parallel) iterate at least so often
 
 
-def _summation_block(
-    stage: _Stage, row: str | None, vector_elements: int, params: Schedule, width: int = 1
-) -> int | None:
+def _summation_block(stage: _Stage, row: str | None, vector_elements: int, params: Schedule, width: int) -> int | None:
     """Steps per block of a stage's one summation loop, or None (not blocked): where the
     register tile's rows run along ``row`` and its broadcast reads along their rows too (an
     NCHW activation read k-major, ``X[k, n]``). Unblocked, each step then reads a new line of
