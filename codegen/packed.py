@@ -22,8 +22,9 @@ panels: 197x3072 @ 768 2.76 to 2.22 (onnxruntime 2.10), 197x768 @ 3072 2.77 to 2
 32x3072 @ 768 0.51 to 0.46 (0.57). Where the tile's rows are one vector (a blocked layout's
 1x1 convolution over 7x7 pixels, ``tvm_kernel._columns``), so are the panels; where they are
 three (AVX2, rows that 4 divide and 6 do not: ``tvm_kernel._THREE_WIDE``), 24 columns; where
-they are six (AVX-512, rows that two-vector tiles take no deeper than 8: ``tvm_kernel._SIX_WIDE``),
-96 columns.
+they are six (AVX-512, rows that two-vector tiles take no deeper than 8: ``tvm_kernel.wide_tile``),
+96 columns. That tile is a second implementation (``packed_wide_call``), raced against the
+default one, since which is faster depends on the CPU (``tvm_kernel._SIX_WIDE``).
 
 The other operand was once laid out k-major first (``T[k, m] = A[m, k]``, by a small
 transposition kernel on every call), since on an older machine (AMD EPYC) a register tile's
@@ -45,6 +46,7 @@ lays a weight out itself (every call, slower) only where they are missing.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -64,6 +66,7 @@ from .tvm_kernel import (
     panel_width,
     tile_vectors,
     viewed,
+    wide_tile,
 )
 
 
@@ -75,24 +78,34 @@ def packed_name(tensor: str, dim: int, width: int) -> str:
     return f"{tensor}.panels{dim}w{width}"
 
 
-def packed_call(kernel: Kernel, dtype: str):
+def packed_call(kernel: Kernel, dtype: str, schedule: Schedule | None = None):
     """``(values, out) -> None`` for ``kernel`` with its weights read along its lanes in panels
-    as wide as its register tile's rows (``panels_width``), or None where it reads none so."""
-    width = panels_width(kernel.expr, dtype)
+    as wide as its register tile's rows under ``schedule`` (the default one; ``panels_width``),
+    or None where it reads none so."""
+    schedule = schedule or Schedule()
+    width = panels_width(kernel.expr, dtype, schedule)
     found = {name: _lanes_dimension(kernel.expr, name, width) for name in sorted(kernel.weights)}
     panels = tuple((name, dim, width) for name, dim in found.items() if dim is not None)
-    return _Packed(kernel, np.dtype(dtype), panels) if panels else None
+    return _Packed(kernel, np.dtype(dtype), replace(schedule, panels=panels)) if panels else None
 
 
-def panels_width(expr: Scope, dtype: str) -> int:
-    """A panel's width for ``expr``: its register tile's row (``tvm_kernel.tile_vectors``): two
-    vectors (``panel_width``), three where 4 rows of three tile it on AVX2 (a transformer's 32
-    tokens), six where 4 rows of six do on AVX-512, or one. A tile one vector wide over panels of two (an NCHW8c 1x1
-    convolution over 7x7, its rows one block of output channels) used half of each line of the
-    weight it loaded and the other half in the next tile: measured on AMD EPYC (Zen 3, AVX2),
-    weights cold, panels of 16 against 8 interleaved in one process, 2048 -> 512 channels
-    1.09 to 0.93 ms, 512 -> 2048 1.00 to 0.92."""
-    return tile_vectors(expr, dtype) * native_lanes(dtype)
+def packed_wide_call(kernel: Kernel, dtype: str):
+    """``packed_call`` with the register tile in rows of six vectors (``tvm_kernel.wide_tile``),
+    or None where that tile makes no more accumulators than the default one."""
+    wide = wide_tile(kernel.expr, dtype)
+    return packed_call(kernel, dtype, wide) if wide is not None else None
+
+
+def panels_width(expr: Scope, dtype: str, schedule: Schedule | None = None) -> int:
+    """A panel's width for ``expr``: its register tile's row under ``schedule``
+    (``tvm_kernel.tile_vectors``): two vectors (``panel_width``), three where 4 rows of three
+    tile it on AVX2 (a transformer's 32 tokens), six in ``wide_tile``'s rows, or one. A tile one
+    vector wide over panels of two (an NCHW8c 1x1 convolution over 7x7, its rows one block of
+    output channels) used half of each line of the weight it loaded and the other half in the
+    next tile: measured on AMD EPYC (Zen 3, AVX2), weights cold, panels of 16 against 8
+    interleaved in one process, 2048 -> 512 channels 1.09 to 0.93 ms, 512 -> 2048 1.00 to
+    0.92."""
+    return tile_vectors(expr, dtype, schedule=schedule) * native_lanes(dtype)
 
 
 def _lanes_dimension(expr: Scope, name: str, width: int) -> int | None:
@@ -134,10 +147,10 @@ def _runs_along(ix, lanes, width: int) -> bool:
 class _Packed:
     """The call: the kernel's own scope compiled with ``panels`` read from their layout."""
 
-    def __init__(self, kernel: Kernel, dtype: np.dtype, panels: tuple[tuple[str, int, int], ...]):
-        self.dtype, self.panels = dtype, panels
-        self.compiled = compile_scope(kernel.expr, dtype=str(dtype), schedule=Schedule(panels=panels))
-        laid = {name: (dim, width) for name, dim, width in panels}
+    def __init__(self, kernel: Kernel, dtype: np.dtype, schedule: Schedule):
+        self.dtype, self.panels = dtype, schedule.panels
+        self.compiled = compile_scope(kernel.expr, dtype=str(dtype), schedule=schedule)
+        laid = {name: (dim, width) for name, dim, width in self.panels}
         self.names = [
             (packed_name(n, *laid[n]), n, laid[n]) if n in laid else (n, n, None) for n in self.compiled.inputs
         ]

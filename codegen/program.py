@@ -8,7 +8,8 @@ a ``CompiledProgram``:
   "blas" (Matmul / BatchMatmul: numpy's BLAS on strided views of the operands, in place, by
   the strides the iterator mapping table found), "packed" (a kernel summing over a weight read
   along its vector lanes, a Matmul's or an eOperator's with its epilogue: its scope by TVM, the
-  weight laid out in panels once, ``codegen.packed``),
+  weight laid out in panels once, ``codegen.packed``), "packed_wide" (the same in rows of six
+  vectors where AVX-512 has room for them: which is faster depends on the CPU),
   "transposed" (Matmul over one weight whose output runs along the other operand: the product
   computed with lanes along the weight's rows, over the weight laid out k-major in panels once, then
   transposed into the output, ``codegen.packed``),
@@ -17,7 +18,8 @@ a ``CompiledProgram``:
   output channels once, ``codegen.panels``), "band" (a band matmul
   as blocked batched BLAS, ``codegen.band``), "tvm" (its scope compiled by TVM,
   ``codegen.tvm_kernel``);
-* an eOperator is its scope compiled by TVM, raced against "packed" where that applies; ``tune``
+* an eOperator is its scope compiled by TVM, raced against "packed" (and "packed_wide",
+  "transposed", "panels") where that applies; ``tune``
   races a few TVM schedules per kernel;
 * an opaque operation (a gather by run-time indices) runs its numpy function, "opaque";
 * kernels that read only weights run once, when ``bind`` is given their values (OLLIE 5.4), and
@@ -51,7 +53,7 @@ from .band import band_call
 from .im2col import im2col_call
 from .measure import MeasurementDB, last_level_cache, signature, time_callable, time_in_turns
 from .native import OUTPUT, NativeRun, driver
-from .packed import packed_call, transposed_call
+from .packed import packed_call, packed_wide_call, transposed_call
 from .panels import panels_call
 from .tvm_kernel import (
     CODEGEN_VERSION,
@@ -71,7 +73,7 @@ from .tvm_kernel import (
 BACKEND = "cpu"  # the key of this code generator's implementations in an operator record
 # an eOperator is compiled from its scope (its weights in panels), or one with a product inside
 # it computes the product in a layout of its own and its epilogue where it lays the product out
-EOP_IMPLEMENTATIONS = ("tvm", "packed", "transposed", "panels")
+EOP_IMPLEMENTATIONS = ("tvm", "packed", "packed_wide", "transposed", "panels")
 # kernels compiled at once (``compiled_in_batches``): one per CPU this process may run on
 COMPILE_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 T, R = TypeVar("T"), TypeVar("R")
@@ -102,6 +104,7 @@ def _opaque_call(kernel: Kernel, dtype: str):
 LIBRARY_CALLS = {
     "blas": _blas_call,
     "packed": packed_call,
+    "packed_wide": packed_wide_call,
     "transposed": transposed_call,
     "im2col": im2col_call,
     "panels": panels_call,

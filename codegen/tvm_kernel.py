@@ -944,17 +944,22 @@ def _tile_width(params: Schedule, native: int, vectors: int) -> int:
 # 784x768 @ 768x192 1.73 against 1.55.
 _THREE_WIDE = 3
 
-# Vectors per row on AVX-512 (32 vector registers) where the rows' loop tiles in two-vector rows
-# no deeper than 8 (a transformer's 32 tokens: 16 accumulators): 4 rows of six vectors are 24,
-# and each step loads six vectors for four broadcasts. Their rows sweep a weight's panel 96
-# floats wide, so the summation runs in blocks (``_WIDE_BLOCK_BYTES``) that stay in L1 while
-# the tiles of every row share them. Measured on an Intel Xeon (AVX-512, 48 KiB L1), products
-# in panels, weights cold, ms, two rows of two vectors (8 rows) against four of six with blocks
-# of 128 steps, onnxruntime in brackets: 32x3072 @ 3072x768 1.13-1.19 against 0.97-0.98
-# (0.95-1.00); 32x768 @ 768x3072 1.03-1.15 against 0.96-1.06 (0.95-1.06); 32x768 @ 768x2304
-# 0.86 against 0.80 (0.85). Six wide without the blocks: 1.16, 1.12, 0.81. Where two-vector rows
-# tile 14 deep (196, 784, 3136 rows: 28 accumulators) they stay: six wide measured 0.93-1.04
-# times their time there.
+# Vectors per row on AVX-512 (32 vector registers) that a schedule may ask for (``wide_tile``)
+# where the rows' loop tiles in two-vector rows no deeper than 8 (a transformer's 32 tokens: 16
+# accumulators): 4 rows of six vectors are 24, and each step loads six vectors for four
+# broadcasts. Their rows sweep a weight's panel 96 floats wide, so the summation runs in blocks
+# (``_WIDE_BLOCK_BYTES``) that stay in L1 while the tiles of every row share them. It is not
+# the default, since which is faster depends on the CPU, not on its vector registers: products
+# in panels, weights cold, ms, eight rows of two vectors against four of six with blocks of
+# 128 steps, onnxruntime in brackets. On an Intel Xeon (48 KiB L1): 32x3072 @ 3072x768
+# 1.13-1.19 against 0.97-0.98 (0.95-1.00); 32x768 @ 768x3072 1.03-1.15 against 0.96-1.06
+# (0.95-1.06); 32x768 @ 768x2304 0.86 against 0.80 (0.85); six wide without the blocks 1.16,
+# 1.12, 0.81. On AMD EPYC Zen 4 (32 KiB L1, AVX-512 in two halves), the two interleaved in one
+# process, three runs: 32x3072 @ 3072x768 0.81-1.07 against 0.82-1.01 (0.99-1.19); 32x768 @
+# 768x3072 0.75-0.95 against 0.80-1.01; 32x768 @ 768x768 0.20-0.23 against 0.21-0.25; 32x768 @
+# 768x2304 0.59-0.70 against 0.61-0.73 (blocks of 32 or 24 KiB no faster). So a product races
+# both (``codegen.packed``). Where two-vector rows tile 14 deep (196, 784, 3136 rows: 28
+# accumulators) six wide measured 0.93-1.04 times their time on the Xeon, and is not offered.
 _SIX_WIDE = 6
 _WIDE_BLOCK_BYTES = 48 << 10
 
@@ -972,8 +977,6 @@ def _register_tile(extents, stage: _Stage, params: Schedule, native: int, vector
     widths = [_tile_width(params, native, extents[-1]) if vector else 1]
     if params.width is None and vector and native < 16 and extents[-1] % _THREE_WIDE == 0:
         widths.append(_THREE_WIDE)  # after two: on a tie (6 rows of two, 4 of three) two stay
-    if params.width is None and vector and native >= 16 and extents[-1] % _SIX_WIDE == 0:
-        widths.append(_SIX_WIDE)  # (taken where it makes more accumulators than two wide)
     if params.width is None and widths[0] > 1:
         widths.append(1)
     best = None
@@ -1205,20 +1208,37 @@ def native_lanes(dtype: str = "float32", target="llvm") -> int:
     return _native_lanes(host_target(target), np.dtype(dtype).name)
 
 
-def tile_vectors(scope: Scope, dtype: str = "float32", target="llvm") -> int:
-    """Vectors per row of the register tile that the default schedule gives ``scope``'s summing
-    stage with traversal lanes (1 where it has none): a caller laying a weight out in panels for
-    ``scope`` (``codegen.panels``) makes a panel as wide as a tile's row, so that each tile uses
-    every line of the weight it loads."""
-    dtype, params, target = _normalised(dtype, None, target)
+def tile_vectors(scope: Scope, dtype: str = "float32", target="llvm", schedule: Schedule | None = None) -> int:
+    """Vectors per row of the register tile that ``schedule`` (the default one) gives
+    ``scope``'s summing stage with traversal lanes (1 where it has none): a caller laying a
+    weight out in panels for ``scope`` (``codegen.panels``) makes a panel as wide as a tile's
+    row, so that each tile uses every line of the weight it loads."""
+    return _tile_shape(scope, dtype, target, schedule)[1]
+
+
+def wide_tile(scope: Scope, dtype: str = "float32", target="llvm") -> Schedule | None:
+    """The schedule whose register tile is rows of six vectors (``_SIX_WIDE``), where that makes
+    more accumulators than the default schedule's tile (AVX-512, rows that two-vector tiles take
+    no deeper than 8); None elsewhere."""
+    wide = Schedule(width=_SIX_WIDE)
+    rows, vectors = _tile_shape(scope, dtype, target, wide)
+    if vectors != _SIX_WIDE or _native_lanes(host_target(target), np.dtype(dtype).name) < 16:
+        return None
+    return wide if rows * vectors > math.prod(_tile_shape(scope, dtype, target, None)) else None
+
+
+def _tile_shape(scope: Scope, dtype, target, schedule: Schedule | None) -> tuple[int, int]:
+    """(rows, vectors per row) of the register tile of ``scope``'s summing stage with traversal
+    lanes under ``schedule``; (1, 1) where it has none."""
+    dtype, params, target = _normalised(dtype, schedule, target)
     native = _native_lanes(target, dtype)
     merged = merge_loops(scope)
     lowering = lower_to_te(merged, dtype, params.pad, native, _panels(scope, merged, params))
     for stage in lowering.stages:
         if stage.summation and stage.shape and _lane_summation(stage, params, native) is None:
-            _, width, _, columns = _tile_plan(stage, params, native)
-            return width * (columns[1] if columns else 1)
-    return 1
+            _, width, found, columns = _tile_plan(stage, params, native)
+            return (found[1] if found else 1), width * (columns[1] if columns else 1)
+    return 1, 1
 
 
 # Bytes of the vector operand per summation block (``_summation_block``): a quarter of a 32 KiB

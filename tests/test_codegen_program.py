@@ -119,7 +119,7 @@ def test_derive_races_the_identity_and_picks_the_fastest_by_the_latest_measureme
 def test_matmul_reads_strided_operands_in_place_through_blas():
     expr = matmul((6, 5), (5, 4))
     (kernel,) = instantiate(expr).kernels
-    assert implementations(kernel) == ("blas", "tvm", "packed", "transposed")  # raced by measurement
+    assert implementations(kernel) == ("blas", "tvm", "packed", "packed_wide", "transposed")  # raced
     program = CompiledProgram([_step(kernel, "blas", "float32")], {"A": (6, 5), "B": (5, 4)})
     inputs = random_inputs(expr, 3)
     _close(program(**inputs), inputs["A"] @ inputs["B"], 1e-5)
@@ -486,6 +486,31 @@ def test_a_packed_kernel_lays_its_weight_out_in_panels_as_wide_as_its_tiles_rows
     _close(bound(X=inputs["X"]), evaluate(expr, inputs), 1e-5)
 
 
+def test_a_short_product_over_a_weight_races_rows_of_six_vectors_where_avx512_has_room():
+    """32 rows over a weight: "packed_wide" lays the weight out in panels six vectors wide where
+    this CPU has AVX-512 (its register tile 4 rows of six, against the default's 8 rows of two,
+    "packed"), and applies nowhere else; where it applies it computes the product."""
+    from codegen.packed import packed_wide_call
+    from rewriter.lower import postprocess
+
+    shapes = {"A": (32, 256), "B": (256, 192)}
+    expr = parse("L m:32, n:192 ; S k:256 ; A[m, k] * B[k, n]", shapes)
+    (kernel,) = postprocess(instantiate(expr), weights=("B",)).kernels
+    lanes = native_lanes()
+    call = packed_wide_call(kernel, "float32")
+    assert (call is not None) == (lanes >= 16)
+    if call is None:
+        return
+    assert call.panels == (("B", 1, 6 * lanes),) and call.compiled.schedule.width == 6
+    inputs = random_inputs(expr, 4)
+    bound = CompiledProgram([_step(kernel, "packed_wide", "float32")], {"A": shapes["A"]}).bind({"B": inputs["B"]})
+    _close(bound(A=inputs["A"]), evaluate(expr, inputs), 1e-4)
+    (square,) = postprocess(
+        instantiate(parse("L m:196, n:192 ; S k:256 ; A[m, k] * B[k, n]", {**shapes, "A": (196, 256)})), weights=("B",)
+    ).kernels
+    assert packed_wide_call(square, "float32") is None  # 14 rows of two: as many accumulators
+
+
 def test_a_matmul_reading_no_weight_has_no_packed_implementation():
     from codegen.packed import packed_call
     from rewriter.lower import postprocess
@@ -654,7 +679,7 @@ def _raced_matmul(first: str, rounds: int):
 
     expr = matmul((16, 64), (64, 48))
     (kernel,) = postprocess(instantiate(expr), weights=("B",)).kernels
-    assert set(implementations(kernel)) == {"blas", "tvm", "packed", "transposed"}
+    assert set(implementations(kernel)) == {"blas", "tvm", "packed", "packed_wide", "transposed"}
     inputs = random_inputs(expr, 3)
     start = CompiledProgram([_step(kernel, first, "float32")], {"A": (16, 64), "B": (64, 48)}).bind({"B": inputs["B"]})
     raced = race_in_place(start, rounds=rounds)
@@ -665,7 +690,7 @@ def _raced_matmul(first: str, rounds: int):
 def test_the_in_place_race_keeps_the_implementation_that_is_fastest_where_the_program_runs_it(monkeypatch):
     _late_blas(monkeypatch, 0.002, [])  # the race must not keep it
     (step,) = _raced_matmul("blas", rounds=3).steps
-    assert step.impl in ("tvm", "packed", "transposed") and step.seconds > 0  # not the BLAS step it started from
+    assert step.impl in ("tvm", "packed", "packed_wide", "transposed") and step.seconds > 0  # not the BLAS step it started from
 
 
 def test_an_alternative_far_behind_leaves_the_in_place_race_after_its_first_runs(monkeypatch):

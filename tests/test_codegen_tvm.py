@@ -28,6 +28,7 @@ from codegen.tvm_kernel import (
     panel_width,
     physical_cores,
     tile_vectors,
+    wide_tile,
 )
 from rewriter import conv2d, conv_transpose2d, evaluate, g2bmm, matmul, parse
 from rewriter.cases import CASES
@@ -533,16 +534,21 @@ AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512"}  # 16 float32 lanes, 32 vect
 AVX2 = {"kind": "llvm", "mcpu": "znver3"}  # 8 lanes, 16 registers
 
 
-@pytest.mark.parametrize("rows, vectors", [(32, 6), (196, 2)])
-def test_avx512_tiles_a_short_product_in_rows_of_six_vectors(rows, vectors):
+@pytest.mark.parametrize("rows, wide", [(32, True), (196, False)])
+def test_avx512_offers_a_short_product_rows_of_six_vectors(rows, wide):
     """On AVX-512 a product whose rows tile no deeper than 8 in rows of two vectors (32 tokens:
-    16 accumulators) takes 4 rows of six (24), its summation in blocks; one whose rows tile 14
-    deep (196: 28 accumulators) keeps two. AVX2 has no room for six. Both compute the product,
-    and so does the six-wide tile forced on this CPU, whichever it is."""
+    16 accumulators) is offered 4 rows of six (24), its summation in blocks (``wide_tile``, a
+    schedule raced against the default's two); one whose rows tile 14 deep (196: 28
+    accumulators) is not. AVX2 has no room for six. Both compute the product, and so does the
+    six-wide tile forced on this CPU, whichever it is."""
     shapes = {"A": (rows, 256), "W": (256, 192)}
     expr = parse(f"L i:{rows}, j:192 ; S k:256 ; A[i, k] * W[k, j]", shapes)
-    assert tile_vectors(expr, "float32", AVX512) == vectors
-    assert tile_vectors(expr, "float32", AVX2) < 6
+    assert tile_vectors(expr, "float32", AVX512) == 2
+    schedule = wide_tile(expr, "float32", AVX512)
+    assert (schedule is not None) == wide
+    if wide:
+        assert tile_vectors(expr, "float32", AVX512, schedule) == 6
+    assert wide_tile(expr, "float32", AVX2) is None and tile_vectors(expr, "float32", AVX2) < 6
     inputs = random_inputs(expr, 5)
     assert_matches(expr, inputs, dtype="float32")
     assert_matches(expr, inputs, dtype="float32", schedule=Schedule(tile=4, width=6, kblock=128))

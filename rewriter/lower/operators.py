@@ -281,10 +281,10 @@ def band_constraints(operator: Operator, filled: Filled) -> BandMatch | None:
 # The records (Table 2)
 
 # BLAS; the scope compiled by TVM (faster for few rows); TVM over the weight laid out once: in
-# panels where the right operand is a weight, and k-major in panels with lanes along the
-# weight's rows where either one is and the output runs along the other (codegen.packed); raced
-# by measurement
-CPU_GEMM = {"cpu": ("blas", "tvm", "packed", "transposed")}
+# panels where the right operand is a weight (in rows of two vectors, or of six where AVX-512
+# has room), and k-major in panels with lanes along the weight's rows where either one is and
+# the output runs along the other (codegen.packed); raced by measurement
+CPU_GEMM = {"cpu": ("blas", "tvm", "packed", "packed_wide", "transposed")}
 
 MATMUL = Operator(
     "matmul",
