@@ -690,7 +690,7 @@ def _raced_matmul(first: str, rounds: int):
 def test_the_in_place_race_keeps_the_implementation_that_is_fastest_where_the_program_runs_it(monkeypatch):
     _late_blas(monkeypatch, 0.002, [])  # the race must not keep it
     (step,) = _raced_matmul("blas", rounds=3).steps
-    assert step.impl in ("tvm", "packed", "packed_wide", "transposed") and step.seconds > 0  # not the BLAS step it started from
+    assert step.impl != "blas" and step.seconds > 0  # not the BLAS step it started from
 
 
 def test_an_alternative_far_behind_leaves_the_in_place_race_after_its_first_runs(monkeypatch):
