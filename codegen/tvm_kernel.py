@@ -1220,9 +1220,11 @@ def wide_tile(scope: Scope, dtype: str = "float32", target="llvm") -> Schedule |
     """The schedule whose register tile is rows of six vectors (``_SIX_WIDE``), where that makes
     more accumulators than the default schedule's tile (AVX-512, rows that two-vector tiles take
     no deeper than 8); None elsewhere."""
+    if _native_lanes(host_target(target), np.dtype(dtype).name) < 16:  # AVX2: no registers for six
+        return None
     wide = Schedule(width=_SIX_WIDE)
     rows, vectors = _tile_shape(scope, dtype, target, wide)
-    if vectors != _SIX_WIDE or _native_lanes(host_target(target), np.dtype(dtype).name) < 16:
+    if vectors != _SIX_WIDE:
         return None
     return wide if rows * vectors > math.prod(_tile_shape(scope, dtype, target, None)) else None
 
