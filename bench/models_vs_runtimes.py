@@ -20,7 +20,8 @@ it was recorded are the Zen 5's, family 26) in bench/results/models_vs_runtimes.
 with the time the optimizer took, the layout its tensors were kept in ("blocked": an NCHW
 network's channels in blocks of the CPU's vector, where the stitched programs' whole runs,
 ``layouts_ms``, said so; both are derived), the BLP's figures (``blp_seconds_ms`` and
-``blp_greedy_seconds_ms``: its plan and the greedy one in its own terms), the optimized program's kernel medians
+``blp_greedy_seconds_ms``: its plan and the greedy one in its own terms, after the plans' kernels
+were timed again, ``blp_retimed``), the optimized program's kernel medians
 summed (``vs_torch.kernel_sums``: as recorded, and timed in place) beside its end-to-end time,
 and the greedy program's time over ours in each round (``vs_greedy_rounds``: 10th, 50th and
 90th percentiles; a difference inside that spread is this machine's noise).

@@ -105,7 +105,19 @@ def greedy_and_orchestrated(program, weights, **options) -> tuple[dict, dict]:
 
 
 # the BLP's figures a row keeps ("started": HiGHS began from the greedy plan)
-BLP_FIGURES = ("candidates", "seeded", "measured", "refused", "variables", "constraints", "solve_s", "gap", "started")
+BLP_FIGURES = (
+    "candidates",
+    "seeded",
+    "measured",
+    "refused",
+    "variables",
+    "constraints",
+    "solve_s",
+    "gap",
+    "started",
+    "retimed",
+    "resolves",
+)
 
 
 def orchestration_columns(programs: dict, seconds: dict) -> dict:

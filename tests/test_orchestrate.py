@@ -272,6 +272,37 @@ def test_orchestrated_program_recomputes_where_it_measures_faster(tmp_path, monk
     assert plan.figures["dependences"] == {"element-wise": 2, "tile-local": 0, "global": 0}
 
 
+def test_a_plan_of_kernels_timed_in_a_lucky_moment_is_timed_again_and_given_up(tmp_path, monkeypatch):
+    """The optimizer's curse: the candidates (A, B) and (A, C) first time far below the
+    primitives (a lucky moment, set so), and the BLP takes them; timed again where that plan's
+    program runs them they are slower than the primitives, so the BLP, solved again, keeps the
+    primitives, which it then times again too. The program computes the same values."""
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    program = _program(db)
+    calls = []
+
+    def in_place(programs, rounds=6):
+        times = in_place_times(programs, rounds)
+        shared = 1e-3 if not calls else 10.0  # seconds of a kernel that computes several primitives
+        calls.append(len(programs))
+        for program, per_step in zip(programs, times):
+            for i, step in enumerate(program.steps):
+                per_step[i] = [shared if list(nested_scopes(step.kernel.expr)) else 1.0]
+        return times
+
+    monkeypatch.setattr(orchestrate_module, "in_place_times", in_place)
+    orchestrated, plan = orchestrate(program, {"B", "C"}, db)
+    assert calls == [3, 1, 1]  # the trials; the first plan's program; the second's (the primitives)
+    assert plan.figures["retimed"] == 5 and plan.figures["resolves"] == 2
+    assert plan.shared == [] and len(orchestrated.steps) == 3
+    assert plan.figures["seconds"] == pytest.approx(3.0)
+    assert "5 chosen and greedy kernels timed again" in plan.describe()
+    x = np.random.default_rng(0).uniform(-1, 1, (16, 16)).astype(np.float32)
+    values = orchestrated.run({"X": x}, outputs=("B",))
+    np.testing.assert_allclose(values["B"], 2 * np.exp(x), rtol=1e-5)
+    np.testing.assert_allclose(values["C"], np.exp(x) + 1, rtol=1e-5)
+
+
 def test_an_unknown_orchestration_is_refused_by_name():
     program = parse_program("Y = L i:4 ; 2 * X[i]\nreturn Y", {"X": (4,)})
     with pytest.raises(ExpressionError, match="unknown orchestration 'fastest'; known: blp, greedy, none"):
