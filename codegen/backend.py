@@ -113,8 +113,11 @@ class CpuBackend:
         (``race_runners_up``, ``alternatives``); each plan is raced where its program runs
         (``race_shared_in_place``), and checked against the stitched program on the same
         inputs (``agreeing``): a plan that computes something else is left out, and where none
-        is left the stitched program is returned as it is."""
+        is left the stitched program is returned as it is. The stitched program as given runs
+        in the end-to-end race too ("none"): each of those races decides slot by slot on noisy
+        samples, and their choices together may make the program slower than it was."""
         start = time.perf_counter()
+        stitched = program
         program, taken = race_runners_up(program, alternatives or {}, boundaries | required)
         greedy = fuse_boundaries(program, boundaries, self.db, self.tune)
         plans = {"greedy": race_shared_in_place(program, *greedy)}
@@ -126,7 +129,7 @@ class CpuBackend:
         checked = agreeing(plans, program, required)
         if not checked:  # no plan computes what its kernels compute apart: those kernels, as stitched
             return program, Orchestration("none", figures={"disagreed": sorted(plans), "runners_up_in_place": taken})
-        kept, plan = faster_end_to_end(checked)
+        kept, plan = faster_end_to_end(checked | {"none": (stitched, Orchestration("none"))})
         plan.figures["runners_up_in_place"] = taken
         return kept, plan
 

@@ -119,7 +119,8 @@ class Orchestration:
             )
         if "end_to_end_ms" in f:
             runs = ", ".join(f"{method} {ms:.3f} ms" for method, ms in f["end_to_end_ms"].items())
-            lines.append(f"  whole runs, in turns: {runs}; kept the {self.method} plan")
+            kept = "the kernels as stitched" if self.method == "none" else f"the {self.method} plan"
+            lines.append(f"  whole runs, in turns: {runs}; kept {kept}")
         if "layouts_ms" in f:
             runs = ", ".join(f"{layout} {ms:.3f} ms" for layout, ms in f["layouts_ms"].items())
             lines.append(f"  layouts, whole runs in turns: {runs}; kept {f['layout']}")

@@ -546,7 +546,13 @@ def race_slots(
     of its steps' median seconds there (None where the slot was not raced): the slots with
     several alternatives take each in turn across ``rounds`` runs per alternative of the whole
     program (on zeros), each call timed where it stands; an alternative ``_BEHIND`` times slower
-    than the best leaves the race early. ``program`` gives the inputs, constants and dtype."""
+    than the best leaves the race early. ``program`` gives the inputs, constants and dtype.
+
+    Each slot takes its alternatives in an order of its own, shuffled anew each cycle: in step,
+    slots with as many alternatives would always run their k-th ones together (every product of
+    a program its BLAS call in one run, its TVM kernel in the next), and each would be timed
+    beside neighbours the program it is chosen for may not have (a BLAS call after a TVM
+    kernel wakes another thread pool)."""
     raced = [i for i, found in enumerate(slots) if len(found) > 1]
     if not raced:
         return [(0, [None] * len(found[0])) for found in slots]
@@ -558,16 +564,21 @@ def race_slots(
     inputs = {n: np.zeros(shape) for n, shape in program.inputs.items() if n not in program.constants}
     samples: dict[tuple, list[float]] = {}  # (slot, alternative, step) -> seconds per run
     live = {i: list(range(len(slots[i]))) for i in raced}  # the alternatives still in the race
+    upcoming: dict[int, list[int]] = {i: [] for i in raced}  # each slot's order for this cycle
+    rng = np.random.default_rng(0)
     buffers: dict[str, np.ndarray] = {}
 
     def median(i: int, k: int) -> float:
         return sum(_median(samples[i, k, j]) for j in range(len(slots[i][k])))
 
-    turn = 0
+    def next_alternative(i: int) -> int:
+        upcoming[i] = [k for k in upcoming[i] if k in live[i]] or [int(k) for k in rng.permutation(live[i])]
+        return upcoming[i].pop()
+
     while any(len(samples.get((i, k, 0), ())) < 1 + rounds for i in raced for k in live[i]):
         steps = []
         for i, found in enumerate(slots):
-            k = live[i][turn % len(live[i])] if i in live else 0
+            k = next_alternative(i) if i in live else 0
             steps += [
                 replace(s, call=_stopwatch(s.call, samples.setdefault((i, k, j), []))) if i in live else s
                 for j, s in enumerate(found[k])
@@ -577,7 +588,6 @@ def race_slots(
         )
         trial.prepared = prepared
         trial.run(inputs)
-        turn += 1
         for i in raced:  # an alternative far behind the best, each timed twice past its cold run, leaves
             if all(len(samples.get((i, k, 0), ())) >= 3 for k in live[i]):
                 best = min(median(i, k) for k in live[i])

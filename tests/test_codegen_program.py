@@ -701,6 +701,37 @@ def test_an_alternative_far_behind_leaves_the_in_place_race_after_its_first_runs
     assert len(calls) == 3  # its cold run and two more, not one in every turn of six rounds
 
 
+def test_slots_raced_together_take_their_alternatives_in_orders_of_their_own():
+    """Two slots of two alternatives each (A = X + 1, B = 2 A, each alternative logging its
+    run): across the race's runs each slot's alternatives run equally often, and a slot's
+    first alternative runs beside both of the other's, not always beside its first (a race in
+    step would time every product's BLAS call only beside the others' BLAS calls)."""
+    from codegen.program import race_slots
+
+    shapes = {"X": (8,), "A": (8,)}
+    log = []
+
+    def logged(step, label):
+        def call(values, out):
+            log.append(label)
+            step.call(values, out)
+
+        return replace(step, call=call)
+
+    a = _step(Kernel("eop", "A", parse("L i:8 ; X[i] + 1", shapes)), "tvm", "float32")
+    b = _step(Kernel("eop", "B", parse("L i:8 ; 2 * A[i]", shapes)), "tvm", "float32")
+    slots = [[[logged(a, ("A", k))] for k in range(2)], [[logged(b, ("B", k))] for k in range(2)]]
+    program = CompiledProgram([a, b], {"X": (8,)})
+    choices = race_slots(program, slots, rounds=6)
+    assert [k for k, _ in choices] in ([0, 0], [0, 1], [1, 0], [1, 1]) and all(t > 0 for _, (t,) in choices)
+    runs = list(zip(log[0::2], log[1::2]))
+    assert all(first[0] == "A" and second[0] == "B" for first, second in runs)
+    for slot in (0, 1):
+        counts = [sum(run[slot][1] == k for run in runs) for k in range(2)]
+        assert counts[0] == counts[1] >= 7  # a cold run and six rounds each
+    assert {(first[1], second[1]) for first, second in runs} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+
+
 def test_the_in_place_race_takes_a_fused_kernel_apart_where_its_kernels_apart_run_faster():
     import time
 

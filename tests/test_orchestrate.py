@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import codegen.backend as backend_module
 import codegen.orchestrate as orchestrate_module
-from codegen.measure import MeasurementDB
+from codegen.backend import CpuBackend
+from codegen.measure import MeasurementDB, Timing
 from codegen.orchestrate import orchestrate
 from codegen.program import CompiledProgram, _step, end_to_end_seconds, in_place_times, plan_buffers
 from codegen.tvm_kernel import lower_to_te
@@ -471,6 +473,42 @@ def test_the_plan_kept_is_the_one_whose_whole_run_is_faster(tmp_path, monkeypatc
     assert kept is program and plan.method == "blp" and "end_to_end_ms" not in plan.figures
     times = end_to_end_seconds({"blp": blp[0], "greedy": program}, min_rounds=2, max_rounds=2)
     assert set(times) == {"blp", "greedy"} and all(t > 0 for t in times.values())
+
+
+@pytest.mark.parametrize("faster", ["blp", "none"])
+def test_the_kernels_as_stitched_are_kept_where_every_plan_runs_slower_whole(tmp_path, monkeypatch, faster):
+    """A = exp(X), B = 2 A across a subprogram boundary: the BLP (its primitives' own kernels
+    timed slow here) and the greedy pass (the fused kernel's stored time fast) both fuse A into
+    B, one program; the stitched program, two kernels, races them end to end too, and is
+    kept where its whole run measures faster (the measured seconds set here, both ways). The
+    values are the same either way."""
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    program = _program(db)
+    program = replace(program, steps=program.steps[:2], buffers={}).prepare()
+    a, b = program.kernels
+    db.put(_step(fuse(a, b), "tvm", "float32").signature("float32"), Timing(1e-9, 0.0, 1, False))
+    monkeypatch.setattr(orchestrate_module, "in_place_times", _primitives_take(1.0))
+    monkeypatch.setattr(backend_module, "race_shared_in_place", lambda stitched, fused, plan: (fused, plan))
+    asked = []
+
+    def whole_runs(programs):
+        asked.append(list(programs))
+        return {method: 0.001 if method == faster else 0.002 for method in programs}
+
+    monkeypatch.setattr(
+        backend_module, "faster_end_to_end", lambda plans: orchestrate_module.faster_end_to_end(plans, whole_runs)
+    )
+    kept, plan = CpuBackend(db=db).orchestrate(program, {"B"}, {"A"})
+    assert asked == [["blp", "none"]]  # the greedy program is the BLP's: raced once
+    assert plan.method == faster and len(kept.steps) == {"blp": 1, "none": 2}[faster]
+    assert plan.figures["end_to_end_ms"] == {
+        "blp": 2.0 if faster == "none" else 1.0,
+        "none": 1.0 if faster == "none" else 2.0,
+    }
+    assert plan.figures["variables"] > 0  # the BLP's figures, whichever program is kept
+    assert ("kept the kernels as stitched" in plan.describe()) == (faster == "none")
+    x = np.random.default_rng(0).uniform(-1, 1, (16, 16))
+    np.testing.assert_allclose(kept(X=x), 2 * np.exp(x), rtol=1e-5)
 
 
 @pytest.mark.parametrize("slow", ["derived", "runner-up"])
