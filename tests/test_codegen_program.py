@@ -19,6 +19,7 @@ from codegen.program import (
     implementations,
     load,
     plan_buffers,
+    race_slots,
 )
 from codegen.tvm_kernel import native_lanes, panel_width
 from rewriter import conv2d, derive, evaluate, matmul, parse
@@ -706,8 +707,6 @@ def test_slots_raced_together_take_their_alternatives_in_orders_of_their_own():
     run): across the race's runs each slot's alternatives run equally often, and a slot's
     first alternative runs beside both of the other's, not always beside its first (a race in
     step would time every product's BLAS call only beside the others' BLAS calls)."""
-    from codegen.program import race_slots
-
     shapes = {"X": (8,), "A": (8,)}
     log = []
 
