@@ -1,9 +1,11 @@
 """Products of the real models' shapes: each CPU implementation against onnxruntime's MLAS.
 
-    python3 bench/products_vs_mlas.py [--shapes 32x3072x768,...] [--convs 64x56,...] [--strided 3x224x64k7s2,...]
+    python3 bench/products_vs_mlas.py [--shapes 32x3072x768,3x32x768x768,...] [--convs 64x56,...] [--strided 3x224x64k7s2,...]
                                       [--blocked] [--epilogue]
 
-For each ``M x K @ K x N`` product with a weight on the right (a transformer's linear layer),
+For each ``M x K @ K x N`` product with a weight on the right (a transformer's linear layer;
+``BxMxKxN``: one M x K operand against a stack of B such weights, as the optimizer merges
+parallel products, attention's Q, K and V of one input, and as one MatMul node broadcasts it),
 every implementation the Matmul record lists for the CPU that applies ("blas", "tvm", "packed"), and for
 each ``C x H`` 3x3 convolution (C -> C channels, H x H, padding 1, NCHW: ResNet-50's), every
 implementation the Conv2d record lists ("im2col", "tvm", "panels"), and for each
@@ -87,6 +89,12 @@ def onnxruntime_products(
 def product(m: int, k: int, n: int, rounds: int, epilogue: bool) -> dict:
     expr = parse(f"L i:{m}, j:{n} ; S k:{k} ; A[i, k] * W[k, j]", {"A": (m, k), "W": (k, n)})
     return run(f"{m}x{k}x{n}", expr, ("MatMul", (m, k), (k, n), (m, n)), {}, rounds, epilogue)
+
+
+def batched_product(b: int, m: int, k: int, n: int, rounds: int) -> dict:
+    """One M x K operand against ``b`` stacked K x N weights (a merge of parallel products)."""
+    expr = parse(f"L b:{b}, i:{m}, j:{n} ; S k:{k} ; A[i, k] * W[b, k, j]", {"A": (m, k), "W": (b, k, n)})
+    return run(f"{b}x{m}x{k}x{n}", expr, ("MatMul", (m, k), (b, k, n), (b, m, n)), {}, rounds)
 
 
 def convolution(c: int, h: int, rounds: int, epilogue: bool) -> dict:
@@ -188,8 +196,12 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for shape in filter(None, args.shapes.split(",")):
-        m, k, n = (int(d) for d in shape.split("x"))
-        rows.append(product(m, k, n, args.rounds, args.epilogue))
+        sizes = [int(d) for d in shape.split("x")]
+        if len(sizes) == 4 and args.epilogue:
+            raise SystemExit(f"--epilogue: {shape} is a batched product; only single ones take an epilogue")
+        rows.append(
+            batched_product(*sizes, args.rounds) if len(sizes) == 4 else product(*sizes, args.rounds, args.epilogue)
+        )
         print("  ".join(f"{key} {value}" for key, value in rows[-1].items()), flush=True)
     for shape in filter(None, args.convs.split(",")):
         c, h = (int(d) for d in shape.split("x"))

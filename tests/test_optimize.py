@@ -236,13 +236,13 @@ def test_parallel_definitions_merge_into_a_batched_one_where_it_costs_less():
         "return Y",
         shapes,
     )
-    batched = merge_parallel(program, cost=lambda expr: 1.0)  # one batched kernel for three
+    batched = merge_parallel(program, costs=lambda exprs: [1.0] * len(exprs))  # one batched kernel for three
     assert [n for n, _ in batched.definitions] == ["Q_K_etc", "Q", "K", "V", "Y"]
     assert batched.definitions[0][1].shape == (3, 6, 4)
     feeds = {name: np.random.default_rng(0).standard_normal(shape) for name, shape in shapes.items()}
     np.testing.assert_allclose(evaluate(batched, feeds), evaluate(program, feeds), rtol=1e-9, atol=1e-9)
-    flops = lambda expr: float(np.prod(expr.shape))  # noqa: E731  (a batched one costs the three together)
-    assert merge_parallel(program, cost=flops) == program
+    flops = lambda exprs: [float(np.prod(e.shape)) for e in exprs]  # noqa: E731  (a batched one: the three's)
+    assert merge_parallel(program, costs=flops) == program
 
 
 def test_each_layers_parallel_definitions_merge_with_each_other_and_not_across_layers():
@@ -262,11 +262,38 @@ def test_each_layers_parallel_definitions_merge_with_each_other_and_not_across_l
         "return Y",
         shapes,
     )
-    merged = merge_parallel(program, cost=lambda expr: 1.0)
+    merged = merge_parallel(program, costs=lambda exprs: [1.0] * len(exprs))
     names = [n for n, _ in merged.definitions]
     assert names == ["A1_B1", "A1", "B1", "H", "A2_B2", "A2", "B2", "C", "D", "Y"]
     assert all(merged_expr.shape == (2, 4, 4) for n, merged_expr in merged.definitions if n in ("A1_B1", "A2_B2"))
     feeds = {name: np.random.default_rng(1).standard_normal(shape) for name, shape in shapes.items()}
+    np.testing.assert_allclose(evaluate(merged, feeds), evaluate(program, feeds), rtol=1e-9, atol=1e-9)
+
+
+def test_layers_equal_up_to_tensor_names_are_weighed_once_and_merge_alike():
+    """Two layers' Q, K and V (equal but for their tensors' names): the first layer's batched
+    definition is weighed against its three members in one call, measured together, and the
+    second layer takes that decision without being measured, though a measurement now would
+    say otherwise (a noisy machine's second opinion)."""
+    layer = (
+        "Q{n} = L i:6, j:4 ; S k:4 ; X{n}[i, k] * Wq{n}[k, j]\n"
+        "K{n} = L i:6, j:4 ; S k:4 ; X{n}[i, k] * Wk{n}[k, j]\n"
+        "V{n} = L i:6, j:4 ; S k:4 ; X{n}[i, k] * Wv{n}[k, j]\n"
+        "X{m} = L i:6, j:4 ; Q{n}[i, j] * K{n}[i, j] + V{n}[i, j]\n"
+    )
+    shapes = {f"{w}{n}": (4, 4) for w in ("Wq", "Wk", "Wv") for n in (1, 2)} | {"X1": (6, 4)}
+    program = parse_program(layer.format(n=1, m=2) + layer.format(n=2, m=3) + "return X3", shapes)
+    asked = []
+
+    def costs(exprs):  # the batched one cheaper the first time only
+        asked.append([e.shape for e in exprs])
+        return [1.0 if len(asked) == 1 else 9.0] + [1.0] * (len(exprs) - 1)
+
+    merged = merge_parallel(program, costs=costs)
+    assert asked == [[(3, 6, 4), (6, 4), (6, 4), (6, 4)]]
+    batched = [n for n, e in merged.definitions if e.shape == (3, 6, 4)]
+    assert batched == ["Q1_K1_etc", "Q2_K2_etc"]
+    feeds = {name: np.random.default_rng(2).standard_normal(shape) for name, shape in shapes.items()}
     np.testing.assert_allclose(evaluate(merged, feeds), evaluate(program, feeds), rtol=1e-9, atol=1e-9)
 
 

@@ -28,7 +28,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -209,12 +209,18 @@ def fold_weights(program: Program, weights: Mapping[str, np.ndarray]) -> tuple[P
     return Program(tuple(kept), program.outputs), folded
 
 
-def merge_parallel(program: Program, cost: Callable[[Scope], float]) -> Program:
+def merge_parallel(program: Program, costs: Callable[[Sequence[Scope]], Sequence[float]]) -> Program:
     """Merge parallel definitions with the inter-expression rules (OLLIE 4.1, Figure 5): a
     variant that computes n definitions by one new batched definition and reads them back as
     views (attention's Q, K and V projections, which share their input) is taken where the
-    batched definition's ``cost`` (measured: its best derivation) is below the n definitions'
-    together. A stacked weight costs nothing: it is computed at build time.
+    batched definition's cost is below the n definitions' together. ``costs`` gives the
+    seconds of each of a list of definitions, measured together (the batched one and its
+    members in turns: measured apart, each in its own moment, a slow spell of the machine
+    decided). A stacked weight costs nothing: it is computed at build time.
+
+    Groups equal up to tensor names (every layer's Q, K and V) are decided once and alike: each
+    layer weighed apart on this noisy machine merged BERT's three projections in some layers,
+    two of them in others and none in the rest, and measured the same kernels twelve times.
 
     Definitions merge only with definitions of the same traversal, summation and input shapes
     that read the same definitions (what a batched definition's members share), so the rules
@@ -224,11 +230,12 @@ def merge_parallel(program: Program, cost: Callable[[Scope], float]) -> Program:
     definition reads beyond its first member's reads is an input of the program (a weight): the
     stack must exist where the batch is computed."""
     tried: set = set()
+    decided: dict = {}  # the forms of a batched definition and its members -> merge or not
     changed = True
     while changed:
         changed = False
         for group in _parallel_groups(program):
-            merged = _merged(program, group, cost, tried)
+            merged = _merged(program, group, costs, tried, decided)
             if merged is not None:
                 program, changed = merged, True
     return program
@@ -249,9 +256,11 @@ def _parallel_groups(program: Program) -> list[list[str]]:
     return [names for names in groups.values() if len(names) > 1]
 
 
-def _merged(program: Program, group: list[str], cost: Callable[[Scope], float], tried: set) -> Program | None:
-    """``program`` with one merge of ``group``'s definitions that the rules propose and ``cost``
-    prefers, or None."""
+def _merged(
+    program: Program, group: list[str], costs: Callable[[Sequence[Scope]], Sequence[float]], tried: set, decided: dict
+) -> Program | None:
+    """``program`` with one merge of ``group``'s definitions that the rules propose and
+    ``costs`` prefers (each form of merge weighed once, ``decided``), or None."""
     defined = dict(program.definitions)
     before = {name: defined[name] for name in group}
     alone = Program(tuple(before.items()), tuple(group))
@@ -270,7 +279,12 @@ def _merged(program: Program, group: list[str], cost: Callable[[Scope], float], 
             stacked = _reads(after[batched]) - _reads(defined[first])
             if batched in defined or not stacked <= set(program.inputs):
                 continue
-            if cost(after[batched]) < sum(cost(before[n]) for n in replaced):
+            members = [before[n] for n in group if n in replaced]
+            form = tuple(_form(e) for e in [after[batched], *members])
+            if form not in decided:
+                seconds = costs([after[batched], *members])
+                decided[form] = seconds[0] < sum(seconds[1:])
+            if decided[form]:
                 return _spliced(program, first, variant, replaced | {batched})
     return None
 
@@ -389,7 +403,8 @@ def optimize_program(
     interrupted = False
     program, weights = fold_weights(program, weights)
     try:
-        program = merge_parallel(program, lambda expr: _measured_cost(expr, weights, backend))
+        found: dict = {}
+        program = merge_parallel(program, lambda exprs: _measured_costs(exprs, weights, backend, found))
     except KeyboardInterrupt:  # Ctrl-C: nothing merged; every subprogram runs as written
         interrupted = True
     program = fuse_elementwise(program)
@@ -535,11 +550,7 @@ def _subprogram(
     positional, arguments, constant = _positional(expr, weights)
     bound = {a: weights[t] for a, t in arguments.items() if t in weights}
     opaque = isinstance(expr, Opaque)
-    key = (
-        None
-        if opaque
-        else (fingerprint(positional), positional.shape, tuple(tensor_shapes(positional).items()), constant)
-    )
+    key = None if opaque else (_form(positional), constant)
     kernels_before = 1 if opaque else len(instantiate(expr).kernels)
     start = time.perf_counter()
     others = []
@@ -607,8 +618,24 @@ def _positional(expr: Definition, weights) -> tuple[Definition, dict[str, str], 
     return positional, arguments, tuple(a for a, t in arguments.items() if t in weights)
 
 
-def _measured_cost(expr: Scope, weights, backend: Backend) -> float:
-    """Seconds of the best program ``derive`` finds for ``expr`` without explorative steps
-    (operator matching and layouts only), compiled and measured."""
-    positional, _, constant = _positional(expr, weights)
-    return derive(positional, 0, weights=constant, backend=backend).best.cost
+def _measured_costs(exprs: Sequence[Scope], weights, backend: Backend, found: dict) -> list[float]:
+    """Seconds of the best program ``derive`` finds for each of ``exprs`` without explorative
+    steps (operator matching and layouts only), compiled and measured; equal ones (up to tensor
+    names) derived once (``found``), and all timed again together, in turns
+    (``backend.remeasure``)."""
+    programs = []
+    for expr in exprs:
+        positional, _, constant = _positional(expr, weights)
+        key = (_form(positional), constant)
+        if key not in found:
+            found[key] = derive(positional, 0, weights=constant, backend=backend).best
+        programs.append(found[key])
+    backend.remeasure(list({id(p): p for p in programs}.values()))
+    return [p.cost for p in programs]
+
+
+def _form(expr: Scope) -> tuple:
+    """What definitions equal up to tensor names share: equal subprograms are derived once
+    (``_subprogram``), equal merges weighed once (``merge_parallel``)."""
+    positional = _positional(expr, ())[0]
+    return fingerprint(positional), positional.shape, tuple(tensor_shapes(positional).items())
