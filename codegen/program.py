@@ -45,7 +45,7 @@ from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 
-from rewriter.ir import ExpressionError, Opaque, parse, tensor_shapes
+from rewriter.ir import ExpressionError, Opaque, parse, rename_tensors, tensor_shapes
 from rewriter.lower import OPERATORS, Candidate, GemmMatch, Kernel, fuse, fusion_pairs, match_operator, run_gemm
 from rewriter.semantics import bound_constants, run_opaque
 
@@ -552,10 +552,19 @@ def race_slots(
     slots with as many alternatives would always run their k-th ones together (every product of
     a program its BLAS call in one run, its TVM kernel in the next), and each would be timed
     beside neighbours the program it is chosen for may not have (a BLAS call after a TVM
-    kernel wakes another thread pool)."""
+    kernel wakes another thread pool).
+
+    Slots alike up to tensor names (every layer's products, where the program repeats a layer)
+    are decided together, on the samples of all of them: decided apart, each on its own few
+    samples, identical layers of one program took different implementations and fusions, and
+    a choice with twelve times the samples is less often one a fast moment made."""
     raced = [i for i, found in enumerate(slots) if len(found) > 1]
     if not raced:
         return [(0, [None] * len(found[0])) for found in slots]
+    alike: dict[tuple, list[int]] = {}
+    for i in raced:
+        alike.setdefault(tuple(_form(alternative) for alternative in slots[i]), []).append(i)
+    pool = {i: group for group in alike.values() for i in group}
     prepared = dict(program.prepared)
     for step in (s for i in raced for found in slots[i] for s in found):
         if hasattr(step.call, "prepare"):
@@ -568,8 +577,9 @@ def race_slots(
     rng = np.random.default_rng(0)
     buffers: dict[str, np.ndarray] = {}
 
-    def median(i: int, k: int) -> float:
-        return sum(_median(samples[i, k, j]) for j in range(len(slots[i][k])))
+    def median(i: int, k: int) -> float:  # over the samples of every slot alike (each one's cold run left out)
+        warm = [[t for i2 in pool[i] for t in samples.get((i2, k, j), [])[1:]] for j in range(len(slots[i][k]))]
+        return sum(float(np.median(w)) if w else _median(samples[i, k, j]) for j, w in enumerate(warm))
 
     def next_alternative(i: int) -> int:
         upcoming[i] = [k for k in upcoming[i] if k in live[i]] or [int(k) for k in rng.permutation(live[i])]
@@ -600,6 +610,19 @@ def race_slots(
         best = min(live[i], key=lambda k: median(i, k))
         choices.append((best, [_median(samples[i, best, j]) for j in range(len(found[best]))]))
     return choices
+
+
+def _form(steps: Sequence[Step]) -> tuple:
+    """What ``steps`` run, up to tensor names: each one's implementation, kernel and schedule
+    over names given in order of first use (so two layers' products are alike)."""
+    names: dict[str, str] = {}
+    for step in steps:
+        for name in [*tensor_shapes(step.kernel.expr), step.kernel.output]:
+            names.setdefault(name, f"T{len(names)}")
+    return tuple(
+        (s.impl, s.kernel.kind, rename_tensors(s.kernel.expr, names), s.compiled.schedule if s.compiled else None)
+        for s in steps
+    )
 
 
 def _made_once(steps: list[Step], timed: bool = False) -> list[Step]:

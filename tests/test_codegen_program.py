@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -655,8 +656,6 @@ def test_a_kernel_reading_weights_is_timed_over_copies_of_them_that_overflow_the
 
 def _late_blas(monkeypatch, seconds: float, calls: list) -> None:
     """numpy's BLAS product made ``seconds`` late, each call counted in ``calls``."""
-    import time
-
     from codegen import program as program_module
 
     slow = program_module.LIBRARY_CALLS["blas"]
@@ -702,6 +701,16 @@ def test_an_alternative_far_behind_leaves_the_in_place_race_after_its_first_runs
     assert len(calls) == 3  # its cold run and two more, not one in every turn of six rounds
 
 
+def _first_calling(step, before):
+    """``step`` with ``before()`` called ahead of each of its calls."""
+
+    def call(values, out):
+        before()
+        step.call(values, out)
+
+    return replace(step, call=call)
+
+
 def test_slots_raced_together_take_their_alternatives_in_orders_of_their_own():
     """Two slots of two alternatives each (A = X + 1, B = 2 A, each alternative logging its
     run): across the race's runs each slot's alternatives run equally often, and a slot's
@@ -709,14 +718,7 @@ def test_slots_raced_together_take_their_alternatives_in_orders_of_their_own():
     step would time every product's BLAS call only beside the others' BLAS calls)."""
     shapes = {"X": (8,), "A": (8,)}
     log = []
-
-    def logged(step, label):
-        def call(values, out):
-            log.append(label)
-            step.call(values, out)
-
-        return replace(step, call=call)
-
+    logged = lambda step, label: _first_calling(step, lambda: log.append(label))  # noqa: E731
     a = _step(Kernel("eop", "A", parse("L i:8 ; X[i] + 1", shapes)), "tvm", "float32")
     b = _step(Kernel("eop", "B", parse("L i:8 ; 2 * A[i]", shapes)), "tvm", "float32")
     slots = [[[logged(a, ("A", k))] for k in range(2)], [[logged(b, ("B", k))] for k in range(2)]]
@@ -731,8 +733,30 @@ def test_slots_raced_together_take_their_alternatives_in_orders_of_their_own():
     assert {(first[1], second[1]) for first, second in runs} == {(0, 0), (0, 1), (1, 0), (1, 1)}
 
 
+def test_slots_alike_up_to_tensor_names_are_decided_together_on_all_their_samples():
+    """Two layers' kernels alike but for their tensors' names (A = X + 1, B = A + 1), each with
+    two alternatives whose calls wait: in the first slot the first alternative waits 2.5 ms and
+    the second 1 ms; in the second, 1 ms and 1.4 ms. Apart, the slots would choose the second
+    and the first; on their samples together (2.5 and 1 ms against 1 and 1.4, as many of each:
+    medians 1.75 and 1.2) both take the second. A slot of another form (C = 2 B) is decided on
+    its own."""
+    shapes = {"X": (8,), "A": (8,), "B": (8,)}
+    waiting = lambda step, seconds: _first_calling(step, lambda: time.sleep(seconds))  # noqa: E731
+    a = _step(Kernel("eop", "A", parse("L i:8 ; X[i] + 1", shapes)), "tvm", "float32")
+    b = _step(Kernel("eop", "B", parse("L i:8 ; A[i] + 1", shapes)), "tvm", "float32")
+    c = _step(Kernel("eop", "C", parse("L i:8 ; 2 * B[i]", shapes)), "tvm", "float32")
+    slots = [
+        [[waiting(a, 0.0025)], [waiting(a, 0.001)]],
+        [[waiting(b, 0.001)], [waiting(b, 0.0014)]],
+        [[waiting(c, 0.001)], [waiting(c, 0.003)]],
+    ]
+    choices = race_slots(CompiledProgram([a, b, c], {"X": (8,)}), slots, rounds=6)
+    assert [k for k, _ in choices] == [1, 1, 0]
+    (first,), (second,) = choices[0][1], choices[1][1]
+    assert first < second  # each step's time its own slot's median (1 and 1.4 ms)
+
+
 def test_the_in_place_race_takes_a_fused_kernel_apart_where_its_kernels_apart_run_faster():
-    import time
 
     from codegen.program import race_in_place
     from rewriter import parse
