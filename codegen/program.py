@@ -556,8 +556,8 @@ def race_slots(
 
     Slots alike up to tensor names (every layer's products, where the program repeats a layer)
     are decided together, on the samples of all of them: decided apart, each on its own few
-    samples, identical layers of one program took different implementations and fusions, and
-    a choice with twelve times the samples is less often one a fast moment made."""
+    samples, identical layers of one program could take different implementations, and a
+    choice on twelve times the samples is less often one that a fast moment made."""
     raced = [i for i, found in enumerate(slots) if len(found) > 1]
     if not raced:
         return [(0, [None] * len(found[0])) for found in slots]
