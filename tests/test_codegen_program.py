@@ -757,7 +757,6 @@ def test_slots_alike_up_to_tensor_names_are_decided_together_on_all_their_sample
 
 
 def test_the_in_place_race_takes_a_fused_kernel_apart_where_its_kernels_apart_run_faster():
-
     from codegen.program import race_in_place
     from rewriter import parse
     from rewriter.lower import fuse
