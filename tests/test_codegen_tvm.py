@@ -670,6 +670,26 @@ def test_a_scope_that_several_scopes_read_is_one_stage_they_all_read(order):
     np.testing.assert_allclose(kernel(**inputs), evaluate(expr, inputs), rtol=1e-5)
 
 
+def test_a_masked_softmax_is_exactly_zero_where_it_is_masked():
+    """A causal mask adds float32's least value (-3.4e38) above the diagonal: exp there is 0, as
+    the reference's, and no probability is subnormal (a later product's multiply-adds take
+    subnormals as microcode assists); elsewhere the float32 exp is the reference's to 6e-7."""
+    m = np.triu(np.full((8, 8), np.finfo(np.float32).min, np.float32), 1)
+    ex = "{ L a:8, b:8 ; exp(X[a, b] + Z[a, b] - { L c:8 ; M d:8 ; X[c, d] + Z[c, d] }[a]) }"
+    expr = parse(f"L i:8, j:8 ; {ex}[i, j] / {{ L a:8 ; S r:8 ; {ex}[a, r] }}[i]", {"X": (8, 8), "Z": (8, 8)})
+    inputs = {"X": np.random.default_rng(0).uniform(-3, 3, (8, 8)).astype(np.float32), "Z": m}
+    got = compile_scope(expr, dtype="float32")(**inputs)
+    want = evaluate(expr, inputs)
+    assert np.array_equal(got == 0, np.triu(np.ones((8, 8), bool), 1))
+    assert not np.any((got != 0) & (np.abs(got) < np.finfo(np.float32).tiny))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+    exps = np.linspace(-120, 88, 4096, dtype=np.float32)
+    line = parse("L i:4096 ; exp(A[i])", {"A": (4096,)})
+    got = compile_scope(line, dtype="float32")(A=exps)
+    normal = np.exp(exps.astype(np.float64)) >= np.finfo(np.float32).tiny
+    np.testing.assert_allclose(got[normal], np.exp(exps[normal].astype(np.float64)), rtol=6e-7)
+    assert np.all(got[~normal] == 0)
+
 def test_scalar_output_and_functions():
     expr = parse("L ; S i:5 ; sigmoid(A[i]) + exp(A[i]) / 2 - tanh(max(A[i], 0.5)) + sqrt(relu(A[i]))", {"A": (5,)})
     assert expr.shape == ()
