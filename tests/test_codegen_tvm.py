@@ -690,6 +690,7 @@ def test_a_masked_softmax_is_exactly_zero_where_it_is_masked():
     np.testing.assert_allclose(got[normal], np.exp(exps[normal].astype(np.float64)), rtol=6e-7)
     assert np.all(got[~normal] == 0)
 
+
 def test_scalar_output_and_functions():
     expr = parse("L ; S i:5 ; sigmoid(A[i]) + exp(A[i]) / 2 - tanh(max(A[i], 0.5)) + sqrt(relu(A[i]))", {"A": (5,)})
     assert expr.shape == ()
