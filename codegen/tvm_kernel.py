@@ -1861,7 +1861,8 @@ def _horner(x: tvm.tirx.PrimExpr, coefficients) -> tvm.tirx.PrimExpr:
     return result
 
 
-# ln of the least normal float32 (1.18e-38): below it, exp(x) would be subnormal, and the fast exp gives 0
+# ln of the least normal float32 (1.18e-38), rounded up to a float32 (by 4.5e-6): below it the
+# fast exp gives 0, at or above it a normal float32, so no result of it is subnormal
 _EXP_LEAST = -87.33654
 
 
