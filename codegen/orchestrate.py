@@ -49,6 +49,7 @@ from .program import (
     CompiledProgram,
     Step,
     _fastest_of,
+    _form,
     _fused,
     _implemented,
     _same_results,
@@ -259,18 +260,20 @@ def _retimed(
     """The BLP's plan against the optimizer's curse: of many candidates each timed a few times,
     the solver picks those timed in a lucky moment, so its plan's sum is an estimate biased low.
     The chosen kernels and the greedy plan's are timed again where their programs run them (the
-    two programs in turns, ``in_place_times``), their seconds in ``choices`` and ``made``
-    replaced by those fresh samples (pooled with any earlier ones), and the BLP solved again, up
-    to ``RESOLVES`` times, until it chooses no kernel not re-timed yet. BERT-base (32 tokens, a
+    two programs in turns, ``in_place_times``), the seconds in ``choices`` and ``made`` of each
+    kernel alike to one re-timed (``_in_place``'s pooling) replaced by those fresh samples (pooled
+    with any earlier ones), and the BLP solved again, up to ``RESOLVES`` times, until it chooses
+    no kernel not re-timed yet. BERT-base (32 tokens, a
     Zen 4): the plan's kernels summed 0.84 and 0.92 of the greedy plan's as first timed, 0.98-1.02
     where the two programs ran in turns; re-timed and solved again eight times, its estimate rose
     from 29.5 to 32.9 ms against the greedy plan's 34.2-34.8, each solve finding other candidates
     timed low. Returns the plan and figures: how many kernels were re-timed, how often solved."""
-    samples: dict[int, list[float]] = {}
+    forms = [_form([step]) for step in made]
+    samples: dict[tuple, list[float]] = {}  # form -> its fresh samples
     solves = 0
     for _ in range(RESOLVES):
         plans = [list(plan.chosen)] + ([greedy] if greedy else [])
-        if all(i in samples for p in plans for i in p):
+        if all(forms[i] in samples for p in plans for i in p):
             break
         programs, placed = zip(*(_plan_steps(program, made, choices, p) for p in plans))
         shared = {i for p in plans for i in p if len(choices[i].members) > 1}  # (the rest: the program's own)
@@ -279,15 +282,16 @@ def _retimed(
         for indices, times in zip(placed, in_place_times(runs, rounds=8)):
             for index, each in zip(indices, times):
                 if index is not None and each:
-                    samples.setdefault(index, []).extend(each)
-        for index, each in samples.items():
-            seconds = float(np.median(each))
-            choices[index] = replace(choices[index], seconds=seconds)
-            made[index] = replace(made[index], seconds=seconds)
+                    samples.setdefault(forms[index], []).extend(each)
+        for index, form in enumerate(forms):
+            if form in samples:
+                seconds = float(np.median(samples[form]))
+                choices[index] = replace(choices[index], seconds=seconds)
+                made[index] = replace(made[index], seconds=seconds)
         cheaper = min(plans, key=lambda p: sum(choices[i].seconds for i in p))
         plan = solve(graph, choices, required, min(solver_time_limit, RESOLVE_S), start=cheaper)
         solves += 1
-    return plan, {"retimed": len(samples), "resolves": solves}
+    return plan, {"retimed": sum(form in samples for form in forms), "resolves": solves}
 
 
 def _plan_steps(
@@ -320,7 +324,13 @@ def _in_place(
     """Each kernel's seconds where a program runs it (``members``: its primitives, output last;
     ``steps``: the kernel): the program runs with candidate kernels in the place of their
     primitives (``_trials``), the trial programs in turns (``in_place_times``), and each
-    kernel's median is taken over every run that ran it. Also returns the number of trials.
+    kernel's median is taken over every run that ran it or a kernel alike up to tensor names
+    (``program._form``: every layer's fusion of the same primitives, where the program repeats a
+    layer), as ``race_slots`` decides alike slots together: weighed apart, on a few samples
+    each, the BLP fused alike layers differently (ViT-Base on an Intel Xeon: its first layer's
+    value projection apart from the attention-weighted values, its second's fused into them),
+    and took whichever layer's kernel a fast moment timed low. Also returns the number of
+    trials.
 
     Timed alone, a kernel runs again and again on inputs in cache; in a program it follows
     other kernels, on the cores and caches they leave. A 4-layer LLaMA (hidden 576, 32 tokens):
@@ -341,12 +351,13 @@ def _in_place(
         placed.append([substitutes.get(at.get(id(s)), at.get(id(s))) for s in kept])
     per_round = sum(s.seconds or 0.0 for s in timed) * len(programs)  # (the primitives' times alone)
     rounds = 6 if time_limit is None or per_round == 0 else max(3, min(6, int(time_limit / per_round)))
-    samples: list[list[float]] = [[] for _ in steps]
+    forms = [_form([step]) for step in steps]
+    samples: dict[tuple, list[float]] = {form: [] for form in forms}
     for kernels, times in zip(placed, in_place_times(programs, rounds)):
         for index, each in zip(kernels, times):
             if index is not None:
-                samples[index] += each
-    return [float(np.median(s)) if s else math.inf for s in samples], len(programs)
+                samples[forms[index]] += each
+    return [float(np.median(samples[f])) if samples[f] else math.inf for f in forms], len(programs)
 
 
 def _prepared(program: CompiledProgram, steps: Sequence[Step]) -> dict:

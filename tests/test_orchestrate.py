@@ -305,6 +305,38 @@ def test_a_plan_of_kernels_timed_in_a_lucky_moment_is_timed_again_and_given_up(t
     np.testing.assert_allclose(values["C"], np.exp(x) + 1, rtol=1e-5)
 
 
+def test_alike_layers_are_weighed_on_their_pooled_samples_and_fused_alike(tmp_path, monkeypatch):
+    """Two layers alike up to tensor names (A1 = exp(X), B1 = 2 A1; A2 = exp(B1), B2 = 2 A2),
+    each primitive 1 s in place. The first layer's fused kernel times 0.5 s where it runs, the
+    second's 3 s (set so: one fast moment, one slow); weighed apart, the BLP would fuse the
+    first layer only. Weighed on the samples of both, each is 1.75 s against 2 apart, and both
+    layers are fused."""
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    texts = [("A1", "exp(X[i, j])", "X"), ("B1", "2 * A1[i, j]", "A1"), ("A2", "exp(B1[i, j])", "B1")]
+    texts.append(("B2", "2 * A2[i, j]", "A2"))
+    steps = [
+        _step(Kernel("eop", out, parse(f"L i:16, j:16 ; {body}", {read: (16, 16)})), "tvm", "float32")
+        for out, body, read in texts
+    ]
+    program = CompiledProgram(steps, {"X": (16, 16)})
+    program.measure(db)
+    fused = {"B1": 0.5, "B2": 3.0, "A2": 10.0}  # (A1, B1), (A2, B2); (B1, A2) slow
+
+    def in_place(programs, rounds=6):
+        times = in_place_times(programs, rounds)
+        for run, per_step in zip(programs, times):
+            for i, step in enumerate(run.steps):
+                per_step[i] = [fused[step.kernel.output] if list(nested_scopes(step.kernel.expr)) else 1.0]
+        return times
+
+    monkeypatch.setattr(orchestrate_module, "in_place_times", in_place)
+    orchestrated, plan = orchestrate(program, {"B2"}, db, max_primitives=2)
+    assert [k.primitives for k in plan.shared] == [("A1", "B1"), ("A2", "B2")]
+    assert [k.seconds for k in plan.shared] == [pytest.approx(1.75)] * 2
+    x = np.random.default_rng(0).uniform(-1, 1, (16, 16)).astype(np.float32)
+    np.testing.assert_allclose(orchestrated.run({"X": x})["B2"], 2 * np.exp(2 * np.exp(x)), rtol=1e-5)
+
+
 def test_an_unknown_orchestration_is_refused_by_name():
     program = parse_program("Y = L i:4 ; 2 * X[i]\nreturn Y", {"X": (4,)})
     with pytest.raises(ExpressionError, match="unknown orchestration 'fastest'; known: blp, greedy, none"):
