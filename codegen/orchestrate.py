@@ -215,7 +215,8 @@ def orchestrate(
     ]
     members = [(i,) for i in range(len(timed))] + [m for m, _, _ in candidates]
     left = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - start))
-    seconds, trials = _in_place(program, graph, members, made, set(required) | {program.output}, left)
+    forms = [_form([step]) for step in made]  # alike up to tensor names: weighed on their pooled samples
+    seconds, trials = _in_place(program, graph, members, made, forms, set(required) | {program.output}, left)
     edges = internal_widths(graph, range(len(timed)))
     figures = {
         "primitives": len(timed),
@@ -233,7 +234,7 @@ def orchestrate(
     greedy = _seeds_plan(choices, seeded, len(timed)) if seeded else []
     needed = set(required) | {program.output}
     plan = solve(graph, choices, needed, solver_time_limit, start=greedy)
-    plan, retimed = _retimed(program, graph, choices, made, needed, plan, greedy, solver_time_limit)
+    plan, retimed = _retimed(program, graph, choices, made, forms, needed, plan, greedy, solver_time_limit)
     figures |= plan.figures | {"seconds": plan.seconds, "baseline_seconds": plan.baseline_seconds} | retimed
     if greedy:
         figures["greedy_seconds"] = sum(choices[i].seconds for i in greedy)
@@ -252,6 +253,7 @@ def _retimed(
     graph: Primitives,
     choices: list[Choice],
     made: list[Step],
+    forms: list[tuple],
     required: set[str],
     plan,
     greedy: list[int],
@@ -263,12 +265,10 @@ def _retimed(
     two programs in turns, ``in_place_times``), the seconds in ``choices`` and ``made`` of each
     kernel alike to one re-timed (``_in_place``'s pooling) replaced by those fresh samples (pooled
     with any earlier ones), and the BLP solved again, up to ``RESOLVES`` times, until it chooses
-    no kernel not re-timed yet. BERT-base (32 tokens, a
-    Zen 4): the plan's kernels summed 0.84 and 0.92 of the greedy plan's as first timed, 0.98-1.02
-    where the two programs ran in turns; re-timed and solved again eight times, its estimate rose
-    from 29.5 to 32.9 ms against the greedy plan's 34.2-34.8, each solve finding other candidates
-    timed low. Returns the plan and figures: how many kernels were re-timed, how often solved."""
-    forms = [_form([step]) for step in made]
+    no kernel not re-timed yet. BERT-base (32 tokens, a Zen 4): the plan's kernels summed 0.84
+    and 0.92 of the greedy plan's as first timed, 0.98-1.02 where the two programs ran in turns;
+    re-timed and solved again eight times, its estimate rose from 29.5 to 32.9 ms against the
+    greedy plan's 34.2-34.8, each solve finding other candidates timed low. Returns the plan and figures: how many kernels were re-timed, how often solved."""
     samples: dict[tuple, list[float]] = {}  # form -> its fresh samples
     solves = 0
     for _ in range(RESOLVES):
@@ -318,19 +318,20 @@ def _in_place(
     graph: Primitives,
     members: list[tuple[int, ...]],
     steps: list[Step],
+    forms: list[tuple],
     required: set[str],
     time_limit: float | None,
 ) -> tuple[list[float], int]:
     """Each kernel's seconds where a program runs it (``members``: its primitives, output last;
-    ``steps``: the kernel): the program runs with candidate kernels in the place of their
-    primitives (``_trials``), the trial programs in turns (``in_place_times``), and each
-    kernel's median is taken over every run that ran it or a kernel alike up to tensor names
-    (``program._form``: every layer's fusion of the same primitives, where the program repeats a
-    layer), as ``race_slots`` decides alike slots together: weighed apart, on a few samples
-    each, the BLP fused alike layers differently (ViT-Base on an Intel Xeon: its first layer's
-    value projection apart from the attention-weighted values, its second's fused into them),
-    and took whichever layer's kernel a fast moment timed low. Also returns the number of
-    trials.
+    ``steps``: the kernel; ``forms``: each one's ``program._form``): the program runs with
+    candidate kernels in the place of their primitives (``_trials``), the trial programs in
+    turns (``in_place_times``), and each kernel's median is taken over every run that ran it or
+    a kernel of its form (alike up to tensor names: every layer's fusion of the same primitives,
+    where the program repeats a layer), as ``race_slots`` decides alike slots together: weighed
+    apart, on a few samples each, the BLP fused alike layers differently (ViT-Base on an Intel
+    Xeon: its first layer's value projection apart from the attention-weighted values, its
+    second's fused into them), and took whichever layer's kernel a fast moment timed low. Also
+    returns the number of trials.
 
     Timed alone, a kernel runs again and again on inputs in cache; in a program it follows
     other kernels, on the cores and caches they leave. A 4-layer LLaMA (hidden 576, 32 tokens):
@@ -351,7 +352,6 @@ def _in_place(
         placed.append([substitutes.get(at.get(id(s)), at.get(id(s))) for s in kept])
     per_round = sum(s.seconds or 0.0 for s in timed) * len(programs)  # (the primitives' times alone)
     rounds = 6 if time_limit is None or per_round == 0 else max(3, min(6, int(time_limit / per_round)))
-    forms = [_form([step]) for step in steps]
     samples: dict[tuple, list[float]] = {form: [] for form in forms}
     for kernels, times in zip(placed, in_place_times(programs, rounds)):
         for index, each in zip(kernels, times):
