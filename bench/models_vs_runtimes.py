@@ -23,8 +23,9 @@ network's channels in blocks of the CPU's vector, where the stitched programs' w
 ``blp_greedy_seconds_ms``: its plan and the greedy one in its own terms, after the plans' kernels
 were timed again, ``blp_retimed``), the optimized program's kernel medians
 summed (``vs_torch.kernel_sums``: as recorded, and timed in place) beside its end-to-end time,
-and the greedy program's time over ours in each round (``vs_greedy_rounds``: 10th, 50th and
-90th percentiles; a difference inside that spread is this machine's noise).
+and the greedy program's and onnxruntime's time over ours taken a moment apart, round by round
+(``vs_greedy_paired``, ``vs_onnxruntime_paired``: the median ratio and the interval that holds
+the true one at 95%, ``vs_torch.paired``; ours is surely faster where the interval lies above 1).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns, paired_ratio, write_rows  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
+from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns, paired, write_rows  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
@@ -139,8 +140,8 @@ def run(name: str, args) -> dict:
         for label, fn in functions.items():
             error = float(np.abs(np.asarray(fn()) - want).max()) / scale
             assert error < 1e-3, f"{name}: {label} disagrees with onnxruntime ({error:.2e})"
-        samples = {}
-        medians = interleaved(functions, args.rounds, samples)
+        medians = interleaved(functions, args.rounds)
+        ratios = paired({k: functions[k] for k in ("optimized", "greedy", "onnxruntime")})
     kernels = kernel_sums(optimized.program)
     return {
         "model": name,
@@ -156,7 +157,7 @@ def run(name: str, args) -> dict:
         **kernels,  # the end-to-end time beside the kernels' own: what runs between them
         "vs_kernels_in_place": round(medians["optimized"] * 1e3 / kernels["kernels_in_place_ms"], 3),
         **{f"vs_{k}": round(medians[k] / medians["optimized"], 2) for k in medians if k != "optimized"},
-        "vs_greedy_rounds": paired_ratio(samples, "greedy", "optimized"),  # its spread: what noise moves
+        **ratios,  # each a moment apart from ours: what a slow spell of the machine does not move
     }
 
 
@@ -188,6 +189,11 @@ def main() -> None:
     for name in args.models.split(","):
         row = run(name, args)
         print(f"{name:<12}" + "".join(f"{row[c]:>18}" for c in columns + ratios), flush=True)
+        print(
+            f"{'':<12}paired, {row['paired_rounds']} rounds (low, median, high): greedy / ours"
+            f" {row['vs_greedy_paired']}, onnxruntime / ours {row['vs_onnxruntime_paired']}",
+            flush=True,
+        )
         # Rows of earlier runs (other models) are kept, so models can be measured one run at a time.
         rows = [r for r in (json.loads(out.read_text()) if out.exists() else []) if _key(r) != _key(row)]
         write_rows(out, sorted(rows + [row], key=_key))

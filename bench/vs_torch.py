@@ -38,6 +38,7 @@ import torch  # noqa: E402
 from torch_cases import to_case_layout, torch_version  # noqa: E402
 
 from codegen import CpuBackend, compile_scope  # noqa: E402
+from codegen.measure import race_in_turns  # noqa: E402
 from codegen.program import in_place_times  # noqa: E402
 from rewriter import derive, evaluate  # noqa: E402
 from rewriter.cases import CASES  # noqa: E402
@@ -63,12 +64,21 @@ def interleaved(functions: dict, rounds: int, samples: dict | None = None) -> di
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
-def paired_ratio(samples: dict, slower: str, faster: str) -> list[float]:
-    """The ratio ``slower`` / ``faster`` in each round of ``interleaved`` (the two timed a
-    moment apart): its 10th, 50th and 90th percentiles. A difference smaller than this spread
-    is the machine's noise, not the programs'."""
-    ratios = sorted(a / b for a, b in zip(samples[slower], samples[faster]))
-    return [round(float(np.percentile(ratios, q)), 3) for q in (10, 50, 90)]
+def paired(functions: dict, max_seconds: float = 30.0) -> dict:
+    """Each function's time over the first one's in the same round, as ``[low, median, high]``
+    (columns ``vs_NAME_paired``, and ``paired_rounds``):
+    the median of those ratios and the interval that holds the true one at 95%
+    (``race_in_turns``: in turns, each round in another order, until every interval says
+    which side of 1 it lies or spans under 0.5% either side, or ``max_seconds``). Each timed
+    call follows an untimed one (another library's threads waking). A column of medians of
+    their own moves with the machine's slow spells (seconds long, a third slower on the Zen 4
+    of the 74th stop); a ratio taken a moment apart does not. Above 1: slower than the first."""
+    first = next(iter(functions))
+    race = race_in_turns(functions, first, max_seconds=max_seconds, warm_calls=1)
+    columns = {
+        f"vs_{name}_paired": [round(r, 4) for r in ratio] for name, ratio in race.ratios.items() if name != first
+    }
+    return columns | {"paired_rounds": race.rounds}
 
 
 def kernel_sums(compiled, rounds: int = 10) -> dict:
@@ -131,8 +141,11 @@ def orchestration_columns(programs: dict, seconds: dict) -> dict:
         "greedy_kernels": len(programs["greedy"].program.kernels),
         "kept": programs["blp"].orchestration.method,  # the BLP's plan, or the greedy one where faster whole
         "end_to_end_ms": figures.get("end_to_end_ms"),
+        "end_to_end_vs": figures.get("end_to_end_vs"),  # each plan's time over the greedy one's, round by round
+        "end_to_end_rounds": figures.get("end_to_end_rounds"),
         "layout": figures.get("layout", "as written"),  # NCHW tensors' channels in blocks, or as written
         "layouts_ms": figures.get("layouts_ms"),  # the stitched programs' whole runs, in turns
+        "layouts_vs": figures.get("layouts_vs"),  # the blocked one's over the one as written, round by round
         "shared_kernels": len(programs["blp"].orchestration.shared),
         "recomputed": len(programs["blp"].orchestration.recomputed),
         **{f"blp_{k}": figures.get(k) for k in BLP_FIGURES},

@@ -11,8 +11,9 @@ checked against ``Model.original`` (onnxruntime) and timed in one process, inter
 with the idle settings of bench/vs_torch.py. Adds (or replaces) one row per model and CPU
 (``codegen.measure.cpu_model``) in bench/results/zoo_vs_torch.json (zoo_vs_torch_small.json
 with --small), with the optimized program's kernel medians summed (``vs_torch.kernel_sums``)
-beside its end-to-end time, and the greedy program's time over ours in each round
-(``vs_greedy_rounds``: 10th, 50th and 90th percentiles).
+beside its end-to-end time, and the greedy program's and torch.compile's time over ours taken
+a moment apart, round by round (``vs_greedy_paired``, ``vs_torch_compile_paired``: the median
+ratio and the interval that holds the true one at 95%, ``vs_torch.paired``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns, paired_ratio, write_rows  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
+from vs_torch import greedy_and_orchestrated, interleaved, kernel_sums, orchestration_columns, paired, write_rows  # noqa: E402, I001  (first: it sets the thread pools' idle policy before they load)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -159,8 +160,8 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
             got = np.asarray(fn())
             error = float(np.abs(got - want).max()) / scale
             assert error < 1e-3, f"{name}: {label} disagrees with the reference ({error:.2e})"
-        samples = {}
-        medians = interleaved(functions, rounds, samples)
+        medians = interleaved(functions, rounds)
+        ratios = paired({k: functions[k] for k in ("optimized", "greedy", "torch_compile")})
     kernels = kernel_sums(optimized.program)
     return {
         "model": name,
@@ -174,7 +175,7 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
         "vs_torch_compile": round(medians["torch_compile"] / medians["optimized"], 2),
         **kernels,  # the end-to-end time beside the kernels' own: what runs between them
         "vs_kernels_in_place": round(medians["optimized"] * 1e3 / kernels["kernels_in_place_ms"], 3),
-        "vs_greedy_rounds": paired_ratio(samples, "greedy", "optimized"),  # its spread: what noise moves
+        **ratios,  # each a moment apart from ours: what a slow spell of the machine does not move
     }
 
 
@@ -202,6 +203,11 @@ def main() -> None:
             f"{name:<12}{row['subprograms']:>12}{row['kernels']:>8}{row['shared_kernels']:>7}{row['optimize_s']:>11}"
             f"{row['optimized_ms']:>10}{row['greedy_ms']:>10}{row['torch_eager_ms']:>10}"
             f"{row['torch_compile_ms']:>11}{row['vs_greedy']:>9}{row['vs_torch_eager']:>9}{row['vs_torch_compile']:>10}",
+            flush=True,
+        )
+        print(
+            f"{'':<12}paired, {row['paired_rounds']} rounds (low, median, high): greedy / ours"
+            f" {row['vs_greedy_paired']}, torch.compile / ours {row['vs_torch_compile_paired']}",
             flush=True,
         )
         # Rows of earlier runs (other models, other CPUs) are kept, so models can be measured one run at a time.

@@ -108,7 +108,8 @@ class CpuBackend:
         subprogram ``boundaries`` ("greedy"), or Korch's BLP over measured candidates ("blp",
         ``limits``: ``max_primitives``, ``time_limit``) that include the greedy plan's fused
         kernels (within what ``time_limit`` leaves after the greedy pass), its program then
-        raced end to end against the greedy one's (``faster_end_to_end``). The stitched
+        raced end to end against the greedy one's and kept where its whole runs are faster
+        beyond doubt (``faster_end_to_end``). The stitched
         program's subprograms are first raced where they run against their runners-up
         (``race_runners_up``, ``alternatives``); each plan is raced where its program runs
         (``race_shared_in_place``), and checked against the stitched program on the same

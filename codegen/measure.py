@@ -7,6 +7,9 @@ kernel *signature* is timed once per device and the result is kept in an sqlite 
 * ``time_callable(fn)`` warms ``fn`` up, batches calls until one sample is far above the timer's
   resolution, repeats samples until a minimum count and a minimum total time are reached (within
   ``max_seconds``), and reports the median per call with its spread; a noisy run is repeated once.
+* ``race_in_turns(fns, baseline)`` runs callables in turns, round by round, until each one's
+  time over the baseline's in the same round is known to lie above or below 1 (a
+  distribution-free interval of its median, ``median_interval``) or within a resolution of it.
 * ``MeasurementDB`` stores one ``Timing`` per ``(device, signature)``. It is in WAL mode with a
   busy timeout, so several processes may read and write it at once, and every write is a single
   committed transaction, so a process killed mid-write loses at most its uncommitted row.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import math
 import os
 import platform
 import sqlite3
@@ -26,7 +30,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -220,6 +224,113 @@ def time_in_turns(fns: dict[K, Callable[[], object]], rounds: int = 3, **timing_
         for key, fn in fns.items():
             runs[key].append(time_callable(fn, **timing_kwargs))
     return {key: _combined(timings) for key, timings in runs.items()}
+
+
+def median_interval(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """The median of ``samples`` and an interval that holds the true median with probability
+    ``confidence`` whatever the distribution (a machine's slow spells make it skewed, with
+    outliers): the j-th smallest and j-th largest samples, j the largest with 2 P(B <= j - 1)
+    <= 1 - ``confidence``, B binomial(n, 1/2). With too few samples for any j (5 or fewer at
+    95%), the interval is unbounded."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    if not n:
+        raise ValueError("no samples")
+    trimmed, below = 0, 0.0  # below: P(B <= trimmed - 1)
+    while trimmed < (n + 1) // 2:
+        upto = below + math.comb(n, trimmed) / 2**n
+        if 2 * upto > 1 - confidence:
+            break
+        trimmed, below = trimmed + 1, upto
+    median = statistics.median(ordered)
+    if not trimmed:
+        return -math.inf, median, math.inf
+    return ordered[trimmed - 1], median, ordered[n - trimmed]
+
+
+@dataclass(frozen=True)
+class Race:
+    """Callables timed in turns (``race_in_turns``): each one's median seconds per call, and
+    its time over the baseline's in the same round, as ``(low, median, high)``: the median of
+    those ratios and the interval that holds the true one at ``confidence``."""
+
+    baseline: str
+    seconds: dict[str, float]
+    ratios: dict[str, tuple[float, float, float]]
+    rounds: int
+    confidence: float
+
+    @property
+    def fastest(self) -> str:
+        """Of those whose whole interval lies below 1 (faster than the baseline, at
+        ``confidence``), the one of the least median ratio; the baseline where none is."""
+        faster = [name for name, (_, _, high) in self.ratios.items() if high < 1]
+        return min(faster, key=lambda name: self.ratios[name][1]) if faster else self.baseline
+
+
+def race_in_turns(
+    fns: Mapping[str, Callable[[], object]],
+    baseline: str,
+    *,
+    min_rounds: int = 8,
+    max_rounds: int = 1000,
+    max_seconds: float = 20.0,
+    resolution: float = 0.005,
+    confidence: float = 0.95,
+    warm_calls: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Race:
+    """Call ``fns`` in turns, one timed call each a round, each round in another order (the
+    list rotated: each takes each place alike), and compare each with ``baseline`` by its time
+    over the baseline's in the same round: a slow spell of the machine (seconds long, a third
+    slower here) slows both sides of a ratio alike, where it moves each one's own median.
+    Rounds go on until every ratio's interval (``median_interval``) lies wholly above or
+    below 1 or spans less than ``resolution`` on either side of its median, looked at after
+    ``min_rounds`` and each doubling (few looks keep the chance of a lucky stop small), or
+    until ``max_rounds``, or ``max_seconds`` after ``min_rounds``. ``warm_calls``: calls made
+    untimed before each timed one (a library whose threads must wake after another's ran);
+    ``clock``: seconds, as ``time.perf_counter`` counts them."""
+    if baseline not in fns:
+        raise ValueError(f"the baseline {baseline!r} is not raced")
+    names = list(fns)
+    for fn in fns.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    deadline, look = clock() + max_seconds, min_rounds
+    for turn in range(max_rounds):
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            for _ in range(warm_calls):
+                fns[name]()
+            start = clock()
+            fns[name]()
+            samples[name].append(clock() - start)
+        rounds = turn + 1
+        if rounds < min_rounds:
+            continue
+        if rounds == look:
+            look *= 2
+            if all(_decided(_ratios(samples, name, baseline, confidence), resolution) for name in names):
+                break
+        if clock() > deadline:
+            break
+    return Race(
+        baseline,
+        {name: statistics.median(s) for name, s in samples.items()},
+        {name: _ratios(samples, name, baseline, confidence) for name in names},
+        len(samples[baseline]),
+        confidence,
+    )
+
+
+def _ratios(samples: dict[str, list[float]], name: str, baseline: str, confidence: float):
+    return median_interval([a / b for a, b in zip(samples[name], samples[baseline])], confidence)
+
+
+def _decided(interval: tuple[float, float, float], resolution: float) -> bool:
+    """Whether a ratio's interval says which side of 1 it lies, or that it lies within
+    ``resolution`` of its median (a difference smaller than that is not worth more rounds)."""
+    low, median, high = interval
+    return low > 1 or high < 1 or (high - low) <= 2 * resolution * median
 
 
 def _combined(timings: list[Timing]) -> Timing:

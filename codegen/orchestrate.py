@@ -44,7 +44,7 @@ from rewriter.lower.orchestrate import (
 )
 from rewriter.semantics import index_bounds
 
-from .measure import MeasurementDB
+from .measure import MeasurementDB, Race
 from .program import (
     CompiledProgram,
     Step,
@@ -54,10 +54,10 @@ from .program import (
     _implemented,
     _same_results,
     compiled_in_batches,
-    end_to_end_seconds,
     in_place_times,
     race_in_place,
     race_slots,
+    race_whole,
     results_agree,
     runs_on,
 )
@@ -119,12 +119,10 @@ class Orchestration:
                 f" {f['runners_up_in_place']} derived kernels replaced by a runner-up"
             )
         if "end_to_end_ms" in f:
-            runs = ", ".join(f"{method} {ms:.3f} ms" for method, ms in f["end_to_end_ms"].items())
             kept = "the kernels as stitched" if self.method == "none" else f"the {self.method} plan"
-            lines.append(f"  whole runs, in turns: {runs}; kept {kept}")
+            lines.append(f"  whole runs, {describe_race(f, 'end_to_end')}; kept {kept}")
         if "layouts_ms" in f:
-            runs = ", ".join(f"{layout} {ms:.3f} ms" for layout, ms in f["layouts_ms"].items())
-            lines.append(f"  layouts, whole runs in turns: {runs}; kept {f['layout']}")
+            lines.append(f"  layouts, whole runs {describe_race(f, 'layouts')}; kept {f['layout']}")
         for k in self.shared:
             edges = "; ".join(f"{p} -{w}-> {c}" for p, c, w in k.widths)
             lines.append(
@@ -508,26 +506,56 @@ def fuse_boundaries(
 
 def faster_end_to_end(
     plans: Mapping[str, tuple[CompiledProgram, Orchestration]],
-    seconds: Callable[[Mapping[str, CompiledProgram]], Mapping[str, float]] = end_to_end_seconds,
+    baseline: str = "greedy",
+    race: Callable[[Mapping[str, CompiledProgram], str], Race] = race_whole,
 ) -> tuple[CompiledProgram, Orchestration]:
-    """Of several orchestrated programs (by method name), the one whose whole run measures
-    fastest (``seconds``: ``end_to_end_seconds``, the programs in turns); programs with the same
-    kernels are one program, run as the first named. The plans' own figures sum kernels timed
-    apart, which a program's time is not (its kernels find each other's data in the caches, or
-    evict it): this is the choice as the program runs. The kept plan's figures gain the
-    others' (the BLP's size and solve time where the greedy plan is kept) and, where programs
-    were raced, ``end_to_end_ms``."""
+    """Of several orchestrated programs (by method name), the one whose whole runs measure
+    faster than ``baseline``'s (``race``: ``race_whole``, the programs in turns, each against
+    the baseline in the same round), the fastest such; the baseline where none does (it is
+    the plan a program would otherwise have: a plan one cannot tell from it is not worth its
+    risk). Programs with the same kernels are one program, run as the first named. The plans'
+    own figures sum kernels timed apart, which a program's time is not (its kernels find each
+    other's data in the caches, or evict it): this is the choice as the program runs. The
+    kept plan's figures gain the others' (the BLP's size and solve time where the greedy plan
+    is kept) and, where programs were raced, the race's (``race_figures``)."""
     distinct: dict[str, CompiledProgram] = {}
+    alias = {}
     for method, (program, _) in plans.items():
-        if not any(_same_kernels(program, other) for other in distinct.values()):
-            distinct[method] = program
-    times = seconds(distinct) if len(distinct) > 1 else {}
-    kept = min(times, key=times.get) if times else next(iter(plans))
+        alias[method] = next((name for name, other in distinct.items() if _same_kernels(program, other)), method)
+        distinct.setdefault(alias[method], program)
+    raced = race(distinct, alias.get(baseline, next(iter(distinct)))) if len(distinct) > 1 else None
+    kept = raced.fastest if raced else next(iter(plans))
     program, plan = plans[kept]
     figures = {key: value for _, other in plans.values() for key, value in other.figures.items()} | plan.figures
-    if times:
-        figures["end_to_end_ms"] = {method: round(s * 1e3, 3) for method, s in times.items()}
-    return program, replace(plan, figures=figures)
+    return program, replace(plan, figures=figures | (race_figures(raced, "end_to_end") if raced else {}))
+
+
+def race_figures(raced: Race, name: str) -> dict:
+    """A whole-run race as figures: ``NAME_ms`` each program's median run, ``NAME_vs`` its time
+    over the baseline's in the same round (low, median, high: the median and the interval that
+    holds the true one at the race's confidence), ``NAME_rounds`` and ``NAME_baseline``."""
+    return {
+        f"{name}_ms": {method: round(s * 1e3, 3) for method, s in raced.seconds.items()},
+        f"{name}_vs": {method: [round(r, 4) for r in ratio] for method, ratio in raced.ratios.items()},
+        f"{name}_rounds": raced.rounds,
+        f"{name}_baseline": raced.baseline,
+    }
+
+
+def describe_race(figures: dict, name: str) -> str:
+    """``race_figures`` in a line: each program's median run and, where there is one, its time
+    over the baseline's with the interval."""
+    vs = figures.get(f"{name}_vs", {})
+    baseline = figures.get(f"{name}_baseline")
+
+    def one(method, ms):
+        if method == baseline or method not in vs:
+            return f"{method} {ms:.3f} ms"
+        low, median, high = vs[method]
+        return f"{method} {ms:.3f} ms ({median:.3f}x {baseline}'s, {low:.3f}-{high:.3f})"
+
+    rounds = f"{figures[name + '_rounds']} rounds " if f"{name}_rounds" in figures else ""
+    return f"{rounds}in turns: " + ", ".join(one(m, ms) for m, ms in figures[f"{name}_ms"].items())
 
 
 def agreeing(

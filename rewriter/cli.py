@@ -320,14 +320,15 @@ def main(argv: list[str] | None = None) -> int:
         choices=("blp", "greedy", "none"),
         default="blp",
         help="which primitives share a kernel: Korch's binary linear program over measured candidates, its "
-        "program raced whole against the greedy one's (default), greedy fusion across subprograms, or none",
+        "program raced whole against the greedy one's and kept where surely faster (default), greedy fusion "
+        "across subprograms, or none",
     )
     op.add_argument(
         "--layout",
         choices=("auto", "blocked", "as-written"),
         default="auto",
         help="how NCHW tensors are stored: with their channels in blocks of the CPU's vector and as written, "
-        "each optimized and the faster whole run kept (default), or only one",
+        "each optimized and the blocked one kept where its whole runs are surely faster (default), or only one",
     )
     ex = sub.add_parser("explain", help="the rule path of every subprogram and the orchestration of an optimized model")
     ex.add_argument("directory")

@@ -7,6 +7,7 @@ once, and a writer killed mid-write leaving every committed row readable.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -22,9 +23,12 @@ import pytest
 from codegen.measure import (
     NOISE_THRESHOLD,
     MeasurementDB,
+    Race,
     Timing,
     default_path,
     device_id,
+    median_interval,
+    race_in_turns,
     signature,
     summarise,
     time_callable,
@@ -101,6 +105,76 @@ def test_callables_timed_in_turns_alternate_and_each_get_their_own_timing():
     blocks = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]
     assert blocks == ["slow", "fast"] * 3  # round by round, not all of one then all of the other
     assert timings["slow"].repeats >= 3 * 5
+
+
+@pytest.mark.parametrize(
+    "n, ranks",
+    # the order statistics of the usual tables for the median's 95% interval (1-based)
+    [(6, (1, 6)), (10, (2, 9)), (20, (6, 15)), (100, (40, 61))],
+)
+def test_the_median_interval_is_the_order_statistics_of_the_binomial_tail(n, ranks):
+    samples = [float(k) for k in range(1, n + 1)][::-1]  # order does not matter
+    low, median, high = median_interval(samples)
+    assert (low, high) == ranks and median == (n + 1) / 2
+
+
+def test_too_few_samples_bound_no_interval_and_none_is_an_error():
+    assert median_interval([3.0, 1.0, 2.0, 5.0, 4.0]) == (float("-inf"), 3.0, float("inf"))
+    assert median_interval(range(1, 11), confidence=0.99)[::2] == (1, 10)  # 99% needs wider ranks
+    with pytest.raises(ValueError):
+        median_interval([])
+
+
+def test_a_race_keeps_the_baseline_unless_another_is_faster_across_its_whole_interval():
+    def race(**ratios):
+        return Race("base", {}, {"base": (1.0, 1.0, 1.0)} | ratios, rounds=8, confidence=0.95)
+
+    assert race(a=(0.9, 0.95, 1.01)).fastest == "base"  # faster by its median, not surely
+    assert race(a=(0.9, 0.95, 0.99)).fastest == "a"
+    assert race(a=(0.9, 0.95, 0.99), b=(0.5, 0.7, 0.9)).fastest == "b"
+    assert race(a=(1.01, 1.1, 1.2)).fastest == "base"
+
+
+def test_a_race_takes_turns_in_rotated_orders_and_stops_once_every_ratio_is_decided():
+    """A sleeper of 3 ms against the baseline and one that returns at once: every ratio is
+    decided at the first look, so the race stops after ``min_rounds``; each callable took each
+    place in the rounds alike; the warm calls come before each timed one."""
+    order = []
+
+    def call(name, pause=0.0):
+        return lambda: (order.append(name), time.sleep(pause))
+
+    raced = race_in_turns(
+        {"base": call("base", 0.003), "fast": call("fast"), "slow": call("slow", 0.006)},
+        "base",
+        min_rounds=9,
+        warm_calls=1,
+    )
+    assert raced.rounds == 9 and raced.fastest == "fast"
+    assert raced.ratios["base"] == (1.0, 1.0, 1.0)
+    assert raced.ratios["fast"][2] < 0.5 and raced.ratios["slow"][0] > 1.2
+    assert raced.seconds["slow"] > raced.seconds["base"] > raced.seconds["fast"]
+    timed = order[3:][1::2]  # after one call each to start; each timed call follows a warm one of its own
+    assert order[3:][0::2] == timed
+    rounds = [timed[k : k + 3] for k in range(0, len(timed), 3)]
+    assert rounds[:3] == [["base", "fast", "slow"], ["fast", "slow", "base"], ["slow", "base", "fast"]]
+    assert all(sum(r.index(name) == place for r in rounds) == 3 for name in ("base", "fast") for place in range(3))
+
+
+def test_a_race_that_cannot_decide_stops_at_its_limits():
+    """Two callables alike, on a clock that ticks by uneven steps: no ratio's interval leaves
+    1 behind or narrows within the resolution, so the race runs to ``max_rounds``, or to
+    ``max_seconds`` on that clock once ``min_rounds`` are run, and keeps the baseline."""
+
+    def ticking():
+        steps, now = itertools.cycle([1.0, 3.0, 2.0, 5.0, 1.0, 4.0, 2.0]), [0.0]
+        return lambda: now.__setitem__(0, now[0] + next(steps)) or now[0]
+
+    runs = {"a": lambda: None, "b": lambda: None}
+    raced = race_in_turns(runs, "a", max_rounds=40, max_seconds=1e9, clock=ticking())
+    low, _, high = raced.ratios["b"]
+    assert raced.rounds == 40 and low < 1 < high and raced.fastest == "a"
+    assert race_in_turns(runs, "a", max_seconds=100.0, clock=ticking()).rounds in range(8, 20)
 
 
 def test_summarise_uses_median_and_interquartile_range():

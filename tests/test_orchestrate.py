@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 import codegen.backend as backend_module
 import codegen.orchestrate as orchestrate_module
 from codegen.backend import CpuBackend
-from codegen.measure import MeasurementDB, Timing
+from codegen.measure import MeasurementDB, Race, Timing
 from codegen.orchestrate import orchestrate
-from codegen.program import CompiledProgram, _step, end_to_end_seconds, in_place_times, plan_buffers
+from codegen.program import CompiledProgram, _step, in_place_times, plan_buffers, race_whole
 from codegen.tvm_kernel import lower_to_te
 from rewriter import evaluate, parse, parse_program
 from rewriter.ir import ExpressionError, Opaque, Tensor, nested_scopes, tensor_shapes
@@ -475,36 +475,57 @@ def test_a_program_that_makes_a_tensor_twice_is_refused():
         plan_buffers(steps, set())
 
 
-def test_the_plan_kept_is_the_one_whose_whole_run_is_faster(tmp_path, monkeypatch):
+def _raced(seconds: dict, asked: list):
+    """A whole-run race that times nothing: each program's seconds as given, its ratio to the
+    baseline's an interval of +-5% around their quotient; ``asked`` records each race."""
+
+    def race(programs, baseline):
+        asked.append((list(programs), baseline))
+        ratios = {m: tuple(seconds[m] / seconds[baseline] * f for f in (0.95, 1.0, 1.05)) for m in programs}
+        return Race(baseline, {m: seconds[m] for m in programs}, ratios, rounds=8, confidence=0.95)
+
+    return race
+
+
+@pytest.mark.parametrize("blp_s", [0.0005, 0.00099, 0.002])
+def test_the_blp_plan_is_kept_where_its_whole_runs_are_surely_faster_than_the_greedy_ones(tmp_path, blp_s):
     """The BLP's plan (A computed twice, inside B's and C's kernels) and the greedy one (three
-    kernels) raced end to end: the one whose whole run measures faster is kept (the measured
-    seconds set here, both ways), with every plan's figures and the whole runs' times; two
-    plans with the same kernels are one program and are not raced. The whole runs are timed
-    in turns."""
+    kernels) raced end to end, the greedy plan the baseline: the BLP's is kept only where its
+    time over the greedy one's, round by round, lies below 1 across its interval (half the
+    greedy plan's time), not where it is faster by less than the race can tell (1%) or
+    slower; the kept plan's figures hold every plan's and the race's. Two plans with the same
+    kernels are one program and are not raced."""
     db = MeasurementDB(tmp_path / "m.sqlite")
     program = _program(db)
-    monkeypatch.setattr(orchestrate_module, "in_place_times", _primitives_take(1.0))  # the BLP fuses
-    blp = orchestrate(program, {"B", "C"}, db)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(orchestrate_module, "in_place_times", _primitives_take(1.0))  # the BLP fuses
+        blp = orchestrate(program, {"B", "C"}, db)
     greedy = (program, orchestrate_module.Orchestration("greedy", figures={"fusions": 0}))
-    for faster in ("blp", "greedy"):
-        asked = []
-
-        def whole_runs(programs, faster=faster):
-            asked.append(list(programs))
-            return {method: 0.001 if method == faster else 0.002 for method in programs}
-
-        kept, plan = orchestrate_module.faster_end_to_end({"blp": blp, "greedy": greedy}, whole_runs)
-        assert asked == [["blp", "greedy"]]
-        assert kept is {"blp": blp, "greedy": greedy}[faster][0] and plan.method == faster
-        slower = {"blp": "greedy", "greedy": "blp"}[faster]
-        assert plan.figures["end_to_end_ms"] == {faster: 1.0, slower: 2.0}
-        assert plan.figures["variables"] == blp[1].figures["variables"] and plan.figures["fusions"] == 0
-        assert f"kept the {faster} plan" in plan.describe()
+    asked = []
+    race = _raced({"blp": blp_s, "greedy": 0.001}, asked)
+    kept, plan = orchestrate_module.faster_end_to_end({"blp": blp, "greedy": greedy}, race=race)
+    faster = "blp" if blp_s == 0.0005 else "greedy"
+    assert asked == [(["blp", "greedy"], "greedy")]
+    assert kept is {"blp": blp, "greedy": greedy}[faster][0] and plan.method == faster
+    assert plan.figures["end_to_end_ms"] == {"blp": round(blp_s * 1e3, 3), "greedy": 1.0}
+    assert plan.figures["end_to_end_vs"]["blp"][1] == round(blp_s / 0.001, 4)
+    assert plan.figures["end_to_end_baseline"] == "greedy" and plan.figures["end_to_end_rounds"] == 8
+    assert plan.figures["variables"] == blp[1].figures["variables"] and plan.figures["fusions"] == 0
+    assert f"kept the {faster} plan" in plan.describe() and "8 rounds in turns" in plan.describe()
     same = (replace(program), orchestrate_module.Orchestration("greedy"))
-    kept, plan = orchestrate_module.faster_end_to_end({"blp": (program, blp[1]), "greedy": same}, None)
+    kept, plan = orchestrate_module.faster_end_to_end({"blp": (program, blp[1]), "greedy": same}, race=None)
     assert kept is program and plan.method == "blp" and "end_to_end_ms" not in plan.figures
-    times = end_to_end_seconds({"blp": blp[0], "greedy": program}, min_rounds=2, max_rounds=2)
-    assert set(times) == {"blp", "greedy"} and all(t > 0 for t in times.values())
+
+
+def test_whole_runs_are_raced_on_zeros_each_against_the_baseline(tmp_path):
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    program = _program(db)
+    blp = orchestrate(program, {"B", "C"}, db)[0]
+    raced = race_whole({"blp": blp, "greedy": program}, "greedy", min_rounds=6, max_rounds=6)
+    assert raced.rounds == 6 and set(raced.seconds) == {"blp", "greedy"}
+    assert raced.ratios["greedy"] == (1.0, 1.0, 1.0) and all(t > 0 for t in raced.seconds.values())
+    low, median, high = raced.ratios["blp"]
+    assert 0 < low <= median <= high
 
 
 @pytest.mark.parametrize("faster", ["blp", "none"])
@@ -522,16 +543,12 @@ def test_the_kernels_as_stitched_are_kept_where_every_plan_runs_slower_whole(tmp
     monkeypatch.setattr(orchestrate_module, "in_place_times", _primitives_take(1.0))
     monkeypatch.setattr(backend_module, "race_shared_in_place", lambda stitched, fused, plan: (fused, plan))
     asked = []
-
-    def whole_runs(programs):
-        asked.append(list(programs))
-        return {method: 0.001 if method == faster else 0.002 for method in programs}
-
+    race = _raced({method: 0.001 if method == faster else 0.002 for method in ("blp", "none")}, asked)
     monkeypatch.setattr(
-        backend_module, "faster_end_to_end", lambda plans: orchestrate_module.faster_end_to_end(plans, whole_runs)
+        backend_module, "faster_end_to_end", lambda plans: orchestrate_module.faster_end_to_end(plans, race=race)
     )
     kept, plan = CpuBackend(db=db).orchestrate(program, {"B"}, {"A"})
-    assert asked == [["blp", "none"]]  # the greedy program is the BLP's: raced once
+    assert asked == [(["blp", "none"], "blp")]  # the greedy program is the BLP's: raced once, as the baseline
     assert plan.method == faster and len(kept.steps) == {"blp": 1, "none": 2}[faster]
     assert plan.figures["end_to_end_ms"] == {
         "blp": 2.0 if faster == "none" else 1.0,

@@ -33,8 +33,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from codegen.backend import Backend, as_backend
-from codegen.orchestrate import Orchestration, agreeing
-from codegen.program import end_to_end_seconds, load
+from codegen.orchestrate import Orchestration, agreeing, race_figures
+from codegen.program import load, race_whole
 from rewriter.ir import Definition, ExpressionError, Opaque, Program, Scope, parse, rename_tensors, tensor_shapes
 from rewriter.lower import Candidate, Kernel, absorbs, instantiate, is_view, mark_weight_only
 from rewriter.search import eager_closure, fingerprint, registered
@@ -378,7 +378,7 @@ def optimize_program(
     (``merge_parallel``), fuse element-wise definitions and unfolding views into their
     neighbours (``fuse_elementwise``), store its NCHW tensors with their channels in blocks of
     the CPU's vector (``blocked_layouts``; ``layout`` "auto" optimizes the program both so and
-    as written and keeps the one whose whole run measures faster, "blocked" or "as written"
+    as written and keeps the blocked one where its whole runs measure faster, "blocked" or "as written"
     only one), derive every definition of ``program`` (``weights``: the
     constant inputs, bound into the compiled programs), deduplicated, stitch the best programs
     into one, and orchestrate its kernels (``backend.orchestrate``: ``orchestration`` "blp",
@@ -456,8 +456,9 @@ def _block(variant: Program, program: Program) -> int:
 
 
 def _faster_layout(results: dict[str, OptimizedProgram]) -> OptimizedProgram:
-    """Of the program optimized in several layouts, the one whose whole run measures fastest
-    (``end_to_end_seconds``, in turns); its orchestration figures say which and the times.
+    """Of the program optimized in several layouts, the one whose whole runs measure faster
+    than the one as written's (``race_whole``, in turns), else the one as written; its
+    orchestration figures say which and the race's times (``layouts_ms``, ``layouts_vs``).
     Each other layout's program is first run against the one as written on the same inputs
     (``agreeing``), and left out with a warning where an output differs."""
     if len(results) > 1 and "as written" in results:
@@ -467,12 +468,9 @@ def _faster_layout(results: dict[str, OptimizedProgram]) -> OptimizedProgram:
         results = {name: r for name, r in results.items() if name == "as written" or name in kept}
     if len(results) == 1:
         return next(iter(results.values()))
-    times = end_to_end_seconds({name: optimized.program for name, optimized in results.items()})
-    kept = min(times, key=times.get)
-    optimized = results[kept]
-    figures = dict(optimized.orchestration.figures)
-    figures["layouts_ms"] = {name: round(seconds * 1e3, 3) for name, seconds in times.items()}
-    figures["layout"] = kept
+    raced = race_whole({name: optimized.program for name, optimized in results.items()}, "as written")
+    optimized = results[raced.fastest]
+    figures = optimized.orchestration.figures | race_figures(raced, "layouts") | {"layout": raced.fastest}
     return replace(optimized, orchestration=replace(optimized.orchestration, figures=figures))
 
 
@@ -536,7 +534,7 @@ def orchestrate_program(
     program, plan = backend.orchestrate(
         optimized.program, outputs, boundaries, method, alternatives=optimized.alternatives, **limits
     )
-    layouts = {k: v for k, v in optimized.orchestration.figures.items() if k in ("layout", "layouts_ms")}
+    layouts = {k: v for k, v in optimized.orchestration.figures.items() if k == "layout" or k.startswith("layouts_")}
     plan = replace(plan, figures=plan.figures | layouts)  # which layout the program was kept in
     return replace(optimized, program=program, orchestration=plan, alternatives={})
 
