@@ -7,6 +7,7 @@ rewriter optimize MODEL.onnx|ZOO-NAME [--small] [--max-depth 3] [--orchestration
                    [--layout auto|blocked|as-written] --out DIR
 rewriter explain DIR                       the rule path of every subprogram, the orchestration
 rewriter run DIR --input NAME=FILE.npy [--out y.npy]
+rewriter compare DIR-A DIR-B [--seconds 30]  two saved programs' whole runs in turns: B / A
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rich.table import Table
 
 from codegen.backend import CpuBackend, CudaBackend, ReferenceBackend
 from codegen.measure import default_path
+from codegen.program import race_whole
 
 from .cases import CASES, PUBLIC_CASES
 from .frontends import load_onnx, zoo
@@ -271,6 +273,27 @@ def cmd_run(args, console: Console) -> int:
     return 0
 
 
+def cmd_compare(args, console: Console) -> int:
+    """Two saved programs of one model run whole in turns (``race_whole``: on zeros, each round
+    in another order) until B's time over A's in the same round is known to lie above or below 1
+    (95%) or within 0.5% of it, or ``--seconds`` have passed."""
+    first, second = load_optimized(args.first).program, load_optimized(args.second).program
+    if first.inputs != second.inputs:
+        raise ExpressionError(
+            f"{args.first} and {args.second} take different inputs ({first.inputs} against {second.inputs}):"
+            " they are not programs of one model"
+        )
+    raced = race_whole({"A": first, "B": second}, "A", max_seconds=args.seconds)
+    low, median, high = raced.ratios["B"]
+    verdict = "B is faster" if high < 1 else "B is slower" if low > 1 else "neither is surely faster"
+    for label, path in (("A", args.first), ("B", args.second)):
+        console.print(f"{label} = {path}: {raced.seconds[label] * 1e3:.3f} ms (median)", highlight=False)
+    console.print(
+        f"B / A, {raced.rounds} rounds in turns: {median:.4f} (95%: {low:.4f}-{high:.4f}): {verdict}", highlight=False
+    )
+    return 0
+
+
 def _sampled(value: np.ndarray) -> str:
     """What a sampled input holds: integers (token ids, a mask) or real values."""
     if value.size and np.array_equal(value, np.round(value)):
@@ -337,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     rn.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     rn.add_argument("--out", metavar="FILE.npy")
     rn.add_argument("--seed", type=int, default=0)
+    cp = sub.add_parser("compare", help="two saved programs of one model, run whole in turns: which is faster")
+    cp.add_argument("first", metavar="DIR-A")
+    cp.add_argument("second", metavar="DIR-B")
+    cp.add_argument("--seconds", type=float, default=30.0, help="at most this long, once 8 rounds are run")
     args = parser.parse_args(argv)
     console = Console()
     if not console.is_terminal:
@@ -349,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             "optimize": cmd_optimize,
             "explain": cmd_explain,
             "run": cmd_run,
+            "compare": cmd_compare,
         }
         return commands[args.command](args, console)
     except ExpressionError as err:

@@ -85,6 +85,12 @@ def test_optimize_a_zoo_model_then_run_and_explain_the_saved_program(tmp_path, c
     # the stitched kernels, the last writing the model's output (how many there are is measured:
     # orchestration may make one kernel of several primitives of the small model)
     assert "as it runs" in explained and "output[2, 1, 12, 12] =" in explained.split("as it runs")[1]
+    assert main(["compare", str(out), str(out), "--seconds", "1"]) == 0
+    compared = capsys.readouterr().out
+    median, low, high = map(
+        float, re.search(r"B / A, \d+ rounds in turns: (\S+) \(95%: (\S+)-(\S+)\)", compared).groups()
+    )
+    assert low <= median <= high and f"A = {out}" in compared
 
 
 def test_run_without_inputs_samples_a_models_integer_mask_as_0s_and_1s(tmp_path, capsys, monkeypatch):
@@ -113,6 +119,19 @@ def test_run_without_inputs_samples_a_models_integer_mask_as_0s_and_1s(tmp_path,
     assert main(["run", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "mask: sampled, integers 0 to 1" in printed and "x: sampled, real values" in printed
+    other = tmp_path / "other.onnx"  # another model: x alone, of another shape
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "other",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+    )
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), other)
+    assert main(["optimize", str(other), "--max-depth", "0", "--out", str(tmp_path / "other")]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(out), str(tmp_path / "other")]) == 2
+    refused = " ".join(capsys.readouterr().out.split())  # (the console wraps long lines)
+    assert "take different inputs ({'x': (2, 8), 'mask': (2, 8)} against {'x': (2, 4)})" in refused
 
 
 def test_optimize_refuses_a_model_it_cannot_read_and_writes_nothing(tmp_path, capsys):
