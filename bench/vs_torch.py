@@ -39,7 +39,7 @@ from torch_cases import to_case_layout, torch_version  # noqa: E402
 
 from codegen import CpuBackend, compile_scope  # noqa: E402
 from codegen.measure import race_in_turns  # noqa: E402
-from codegen.program import in_place_times  # noqa: E402
+from codegen.program import in_place_times, outside_kernels  # noqa: E402
 from rewriter import derive, evaluate  # noqa: E402
 from rewriter.cases import CASES  # noqa: E402
 from rewriter.pipeline import optimize_program, orchestrate_program  # noqa: E402
@@ -69,27 +69,40 @@ def paired(functions: dict, max_seconds: float = 30.0) -> dict:
     (columns ``vs_NAME_paired``, and ``paired_rounds``):
     the median of those ratios and the interval that holds the true one at 95%
     (``race_in_turns``: in turns, each round in another order, until every interval says
-    which side of 1 it lies or spans under 0.5% either side, or ``max_seconds``). Each timed
+    which side of 1 it lies or spans under 0.5% either side, or ``max_seconds``), and each
+    one's median ms in those rounds (``paired_ms``: a ratio moves where one side slows more
+    than the other in a state of the machine, and these say which side did). Each timed
     call follows an untimed one (another library's threads waking). A column of medians of
     their own moves with the machine's slow spells (seconds long, a third slower on the Zen 4
-    of the 74th stop); a ratio taken a moment apart does not. Above 1: slower than the first."""
+    of the 74th stop); a ratio taken a moment apart does not, unless the state slows one side
+    more than the other. Above 1: slower than the first."""
     first = next(iter(functions))
     race = race_in_turns(functions, first, max_seconds=max_seconds, warm_calls=1)
     columns = {
         f"vs_{name}_paired": [round(r, 4) for r in ratio] for name, ratio in race.ratios.items() if name != first
     }
-    return columns | {"paired_rounds": race.rounds}
+    return columns | {
+        "paired_rounds": race.rounds,
+        "paired_ms": {k: round(v * 1e3, 3) for k, v in race.seconds.items()},
+    }
 
 
 def kernel_sums(compiled, rounds: int = 10) -> dict:
     """A compiled program's kernel medians summed, in ms: as the optimizer recorded them
     ("alone": as recorded, timed on their own, or where a program ran them: the BLP's trial
     programs, the races of implementations), and timed where this program runs them
-    (``in_place_times``: every call under a stopwatch, whole runs on zeros, the first left out). Set beside the program's end-to-end time, they
-    say what a run spends outside its kernels."""
+    (``in_place_times``: every call under a stopwatch, whole runs on zeros, the first left out);
+    and a whole run's time over its kernels' summed in the run after it, as ``[low, median,
+    high]`` (``outside_kernels``: what a run spends outside its kernels, taken a moment apart,
+    which a slow spell of the machine does not move; a median of whole runs set over the sum of
+    in-place medians did)."""
     per_step = in_place_times([compiled], rounds)[0]
     in_place = sum(statistics.median(s) for s in per_step if s)
-    return {"kernels_alone_ms": round(compiled.cost * 1e3, 3), "kernels_in_place_ms": round(in_place * 1e3, 3)}
+    return {
+        "kernels_alone_ms": round(compiled.cost * 1e3, 3),
+        "kernels_in_place_ms": round(in_place * 1e3, 3),
+        "whole_over_kernels": [round(r, 4) for r in outside_kernels(compiled)],
+    }
 
 
 def write_rows(out: Path, rows: list) -> None:

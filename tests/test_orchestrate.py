@@ -4,6 +4,7 @@ program that chooses among them, and the orchestrated program that runs the choi
 import itertools
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,10 +13,11 @@ from hypothesis import strategies as st
 
 import codegen.backend as backend_module
 import codegen.orchestrate as orchestrate_module
+import codegen.program as program_module
 from codegen.backend import CpuBackend
 from codegen.measure import MeasurementDB, Race, Timing
 from codegen.orchestrate import orchestrate
-from codegen.program import CompiledProgram, _step, in_place_times, plan_buffers, race_whole
+from codegen.program import CompiledProgram, _step, in_place_times, outside_kernels, plan_buffers, race_whole
 from codegen.tvm_kernel import lower_to_te
 from rewriter import evaluate, parse, parse_program
 from rewriter.ir import ExpressionError, Opaque, Tensor, nested_scopes, tensor_shapes
@@ -526,6 +528,16 @@ def test_whole_runs_are_raced_on_zeros_each_against_the_baseline(tmp_path):
     assert raced.ratios["greedy"] == (1.0, 1.0, 1.0) and all(t > 0 for t in raced.seconds.values())
     low, median, high = raced.ratios["blp"]
     assert 0 < low <= median <= high
+
+
+def test_a_whole_run_is_set_over_its_kernels_summed_in_the_run_after_it(tmp_path, monkeypatch):
+    """On a clock that ticks once per reading, a plain run reads it twice (one tick) and a
+    watched run twice per kernel (one tick each): a program of three kernels comes out a third,
+    in every round, so the interval is that too."""
+    program = _program(MeasurementDB(tmp_path / "m.sqlite"))
+    ticks = itertools.count()
+    monkeypatch.setattr(program_module, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    assert outside_kernels(program, rounds=12) == (1 / 3, 1 / 3, 1 / 3)
 
 
 @pytest.mark.parametrize("faster", ["blp", "none"])
