@@ -672,8 +672,8 @@ def in_place_times(programs: Sequence[CompiledProgram], rounds: int = 6) -> list
 def outside_kernels(program: CompiledProgram, rounds: int = 64, confidence: float = 0.95) -> tuple[float, float, float]:
     """A whole run's time over the sum of its kernels' times, as ``(low, median, high)``: the
     median over ``rounds`` rounds and the interval that holds the true one at ``confidence``
-    (``median_interval``). Each round runs the program as it is used (on zeros in its dtype)
-    and then once more with every call under a stopwatch; its ratio is the
+    (``median_interval``). Each round runs the program as it is used (on zeros in its dtype,
+    in its own buffers) and then once more with every call under a stopwatch; its ratio is the
     first run's time over the second's calls summed. What a run spends outside its kernels
     (Python between library calls, the calls' own overhead) is the ratio less 1. Taken a
     moment apart, a median of whole runs and a sum of in-place medians each move with the
