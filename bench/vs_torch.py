@@ -47,14 +47,12 @@ from rewriter.pipeline import optimize_program, orchestrate_program  # noqa: E40
 WEIGHTS = {"conv3x3": ("K",), "convtranspose": ("K",), "conv5x5": ("K",), "g2bmm": ()}
 
 
-def interleaved(functions: dict, rounds: int, samples: dict | None = None) -> dict:
-    """Median seconds per function, timed round-robin so drifts hit every one alike;
-    ``samples`` (a dict) receives each function's time in every round, in order."""
+def interleaved(functions: dict, rounds: int) -> dict:
+    """Median seconds per function, timed round-robin so drifts hit every one alike."""
     for fn in functions.values():  # warm up (and trigger torch.compile)
         fn()
         fn()
-    samples = {} if samples is None else samples
-    samples.update({name: [] for name in functions})
+    samples: dict[str, list[float]] = {name: [] for name in functions}
     for _ in range(rounds):
         for name, fn in functions.items():
             fn()  # the first call after another library's pays for its threads waking up

@@ -579,8 +579,7 @@ def race_slots(
     for step in (s for i in raced for found in slots[i] for s in found):
         if hasattr(step.call, "prepare"):
             prepared.update(step.call.prepare(program.constants))
-    # zeros: a gather's indices may be computed from any input, and 0 is always a valid index
-    inputs = {n: np.zeros(shape) for n, shape in program.inputs.items() if n not in program.constants}
+    inputs = _zero_inputs(program)  # a gather's indices may be computed from any input
     samples: dict[tuple, list[float]] = {}  # (slot, alternative, step) -> seconds per run
     live = {i: list(range(len(slots[i]))) for i in raced}  # the alternatives still in the race
     upcoming: dict[int, list[int]] = {i: [] for i in raced}  # each slot's order for this cycle
@@ -680,8 +679,7 @@ def outside_kernels(program: CompiledProgram, rounds: int = 64, confidence: floa
     machine's slow spells (seconds long): InfoGAN's came out 1.50 in one benchmark run."""
     per_step: list[list[float]] = [[] for _ in program.steps]
     watched = _watched(program, per_step, program.buffers)  # the same memory, as runs in a row find it
-    given = (n for n in program.inputs if n not in program.constants)  # in its dtype: no conversion timed
-    inputs = {n: _aligned(np.zeros(program.inputs[n]), program.dtype) for n in given}
+    inputs = _zero_inputs(program)
     program.run(inputs)  # cold: buffers, code and the laid-out weights
     watched()
     ratios = []
@@ -700,8 +698,14 @@ def _watched(program: CompiledProgram, per_step: list[list[float]], buffers: dic
     steps = [replace(s, call=_stopwatch(s.call, per_step[i])) for i, s in enumerate(program.steps)]
     trial = CompiledProgram(steps, program.inputs, program.dtype, constants=program.constants, buffers=buffers)
     trial.prepared = program.prepared
-    inputs = {n: np.zeros(shape) for n, shape in program.inputs.items() if n not in program.constants}
-    return functools.partial(trial.run, inputs)
+    return functools.partial(trial.run, _zero_inputs(program))
+
+
+def _zero_inputs(program: CompiledProgram) -> dict[str, np.ndarray]:
+    """Zeros for each input ``program`` takes per run, in its dtype and aligned, so a timed run
+    converts none of them (0 is also a valid index for any gather)."""
+    given = (n for n in program.inputs if n not in program.constants)
+    return {n: _aligned(np.zeros(program.inputs[n]), program.dtype) for n in given}
 
 
 def race_whole(programs: Mapping[str, CompiledProgram], baseline: str, **limits) -> Race:
@@ -711,10 +715,7 @@ def race_whole(programs: Mapping[str, CompiledProgram], baseline: str, **limits)
     took each one's median of at most 30 rounds could not tell such programs apart: one saved
     BERT program, loaded three times and raced against itself six times, came out 0.973-1.040
     of itself, where the BLP's plan and the greedy one differ by about 1%."""
-    runs = {}
-    for name, program in programs.items():
-        inputs = {n: np.zeros(shape) for n, shape in program.inputs.items() if n not in program.constants}
-        runs[name] = functools.partial(program.run, inputs)
+    runs = {name: functools.partial(program.run, _zero_inputs(program)) for name, program in programs.items()}
     return race_in_turns(runs, baseline, **limits)
 
 

@@ -136,24 +136,25 @@ def test_a_race_keeps_the_baseline_unless_another_is_faster_across_its_whole_int
 
 
 def test_a_race_takes_turns_in_rotated_orders_and_stops_once_every_ratio_is_decided():
-    """A sleeper of 3 ms against the baseline and one that returns at once: every ratio is
-    decided at the first look, so the race stops after ``min_rounds``; each callable took each
-    place in the rounds alike; the warm calls come before each timed one."""
-    order = []
+    """Callables of 3, 1 and 6 ticks of a clock that only they advance: every ratio is decided
+    at the first look, so the race stops after ``min_rounds``; each callable took each place in
+    the rounds alike; the warm calls come before each timed one."""
+    order, now = [], [0.0]
 
-    def call(name, pause=0.0):
-        return lambda: (order.append(name), time.sleep(pause))
+    def call(name, ticks):
+        return lambda: (order.append(name), now.__setitem__(0, now[0] + ticks))
 
     raced = race_in_turns(
-        {"base": call("base", 0.003), "fast": call("fast"), "slow": call("slow", 0.006)},
+        {"base": call("base", 3), "fast": call("fast", 1), "slow": call("slow", 6)},
         "base",
         min_rounds=9,
         warm_calls=1,
+        clock=lambda: now[0],
     )
     assert raced.rounds == 9 and raced.fastest == "fast"
     assert raced.ratios["base"] == (1.0, 1.0, 1.0)
-    assert raced.ratios["fast"][2] < 0.5 and raced.ratios["slow"][0] > 1.2
-    assert raced.seconds["slow"] > raced.seconds["base"] > raced.seconds["fast"]
+    assert raced.ratios["fast"] == (1 / 3, 1 / 3, 1 / 3) and raced.ratios["slow"] == (2.0, 2.0, 2.0)
+    assert raced.seconds == {"base": 3.0, "fast": 1.0, "slow": 6.0}
     timed = order[3:][1::2]  # after one call each to start; each timed call follows a warm one of its own
     assert order[3:][0::2] == timed
     rounds = [timed[k : k + 3] for k in range(0, len(timed), 3)]
