@@ -14,7 +14,7 @@ import pytest
 import tvm
 from hypothesis import given, settings
 
-from codegen import CodegenError, Schedule, TvmKernel, candidate_schedules, compile_scope
+from codegen import CodegenError, Schedule, TvmKernel, candidate_schedules, compile_scope, tvm_kernel
 from codegen.tvm_kernel import (
     _native_lanes,
     _scheduled,
@@ -479,10 +479,11 @@ def test_a_deinterleaving_copy_made_at_its_reader_reads_padded_rows_copied_witho
 def test_a_summing_stage_whose_lanes_no_vector_divides_is_computed_over_whole_vectors_and_tiles():
     """ViT's attention scores over 197 tokens: one lane. The stage is widened to whole vectors
     along its lanes (61 to 64) and whole register tiles along the rows sharing the right operand
-    (53 to 56 for 14-row tiles), and the output copied out of it; with one lane, nothing widens."""
+    (53 to 54: of the deep tiles, more than half of 14 rows, the least rounding, 6 tiles of 9),
+    and the output copied out of it; with one lane, nothing widens."""
     expr = parse("L b:2, i:53, j:61 ; S k:8 ; Q[b, i, k] * K[b, k, j]", {"Q": (2, 53, 8), "K": (2, 8, 61)})
     wide, narrow = Schedule(vector=16), Schedule(vector=1)
-    assert "T.sblock_alloc_buffer((2, 56, 64)" in compile_scope(expr, dtype="float32", schedule=wide).listing()
+    assert "T.sblock_alloc_buffer((2, 54, 64)" in compile_scope(expr, dtype="float32", schedule=wide).listing()
     assert "T.sblock_alloc_buffer" not in compile_scope(expr, dtype="float32", schedule=narrow).listing()
     for schedule in (wide, narrow):
         assert_matches(expr, random_inputs(expr, 8), dtype="float32", schedule=schedule)
@@ -516,8 +517,9 @@ def test_an_epilogue_reads_a_widened_stage_where_it_lies_without_a_copy_of_the_b
 
 
 def test_a_products_rows_with_no_tile_dividing_them_widen_to_whole_tiles_under_its_epilogue():
-    """113 rows (a prime) of a product with its bias: the sums are widened to 126 rows, whole
-    register tiles of 14 rows of two vectors, and the bias runs inside the tile loop on a local
+    """113 rows (a prime) of a product with its bias: the sums are widened to 117 rows, whole
+    register tiles of 13 rows of two vectors (of the deep tiles, more than half of 14 rows, the
+    one that rounds least; 126 in tiles of 14), and the bias runs inside the tile loop on a local
     buffer (guarded tiles there kept every accumulator in memory: ViT's 197x768 @ 3072 with its
     bias, 4.5 ms against 1.9 for the product alone)."""
     expr = parse(
@@ -525,9 +527,37 @@ def test_a_products_rows_with_no_tile_dividing_them_widen_to_whole_tiles_under_i
         {"A": (113, 16), "B": (16, 64), "C": (64,)},
     )
     listing = compile_scope(expr, dtype="float32", schedule=Schedule(vector=16)).listing()
-    assert 'T.sblock_alloc_buffer((126, 64), scope="local")' in listing and "T.unroll(14)" in listing
+    assert 'T.sblock_alloc_buffer((117, 64), scope="local")' in listing and "T.unroll(13)" in listing
     assert "T.where" in listing.split("for k in")[1]  # the epilogue skips the rows past 113
     assert_matches(expr, random_inputs(expr, 11), dtype="float32", schedule=Schedule(vector=16))
+
+
+def test_a_widened_stage_reads_rows_past_a_tensor_clamped_not_guarded():
+    """The 113 rows widened to 117 read A's rows 113-116, which it does not have: clamped to its
+    last row, no guard on each load of the summation (what those rows compute is never read;
+    guarded, ViT's 197x768 @ 768x3072 product with its bias and GELU took 7.5 ms, clamped 5.3,
+    in one slow spell of the machine). Outside the widened rows A is read as before."""
+    expr = parse(
+        "L i0:113, i1:64 ; { L i:113, j:64 ; S k:16 ; A[i, k] * B[k, j] }[i0, i1] + C[i1]",
+        {"A": (113, 16), "B": (16, 64), "C": (64,)},
+    )
+    summation = compile_scope(expr, dtype="float32", schedule=Schedule(vector=16)).listing().split("for k in")[1]
+    update = summation.split("for ax0")[0]
+    assert "T.min(" in update and "if_then_else" not in update
+
+
+@pytest.mark.parametrize("k, rows", [(1024, 7), (1000, 14)])
+def test_a_register_tile_has_no_more_rows_than_one_set_of_the_l1_cache_holds(monkeypatch, k, rows):
+    """196 rows of a product, each row's broadcast read a line of its own: 1024 floats apart
+    (4 KiB, the span of an 8-way 32 KiB L1's sets) every row falls into one set, and a tile of
+    14 rows would evict its own lines at every step of the sum (196x3072 @ 3072x768 on a Zen 4:
+    7.5 ms in tiles of 14, 4.3 in tiles of 7), so it takes 7; 1000 floats apart the rows spread
+    over the sets and the tile is 14 deep."""
+    monkeypatch.setattr(tvm_kernel, "_l1_cache", lambda: (8, 64, 64))
+    expr = parse(f"L i:196, j:64 ; S k:{k} ; A[i, k] * B[k, j]", {"A": (196, k), "B": (k, 64)})
+    listing = compile_scope(expr, dtype="float32", schedule=Schedule(vector=16)).listing()
+    unrolled = {int(n) for n in re.findall(r"i_1 in T.unroll\((\d+)\)", listing)}
+    assert unrolled == {rows}
 
 
 AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512"}  # 16 float32 lanes, 32 vector registers
