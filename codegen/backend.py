@@ -40,6 +40,7 @@ from .orchestrate import (
     orchestrate,
     race_runners_up,
     race_shared_in_place,
+    settled,
 )
 from .program import CompiledProgram, compile_candidate, remeasure, stitch
 from .tvm_kernel import vector_lanes
@@ -107,9 +108,11 @@ class CpuBackend:
         """Which primitives of a stitched program share a kernel: the greedy fusion across
         subprogram ``boundaries`` ("greedy"), or Korch's BLP over measured candidates ("blp",
         ``limits``: ``max_primitives``, ``time_limit``) that include the greedy plan's fused
-        kernels (within what ``time_limit`` leaves after the greedy pass), its program then
+        kernels (within what ``time_limit`` leaves after the greedy pass), taken into the
+        greedy plan region by region where whole runs say so (``settled``), its program then
         raced end to end against the greedy one's and kept where its whole runs are faster
-        beyond doubt (``faster_end_to_end``). The stitched
+        beyond doubt (``faster_end_to_end``); the greedy plan's fusions are likewise taken into
+        the stitched kernels where whole runs say so. The stitched
         program's subprograms are first raced where they run against their runners-up
         (``race_runners_up``, ``alternatives``); each plan is raced where its program runs
         (``race_shared_in_place``), and checked against the stitched program on the same
@@ -121,12 +124,12 @@ class CpuBackend:
         stitched = program
         program, taken = race_runners_up(program, alternatives or {}, boundaries | required)
         greedy = fuse_boundaries(program, boundaries, self.db, self.tune)
-        plans = {"greedy": race_shared_in_place(program, *greedy)}
+        plans = {"greedy": settled(program, race_shared_in_place(program, *greedy), (program, Orchestration("none")))}
         if "time_limit" in limits and limits["time_limit"] is not None:  # the greedy pass took its share
             limits["time_limit"] = max(0.0, limits["time_limit"] - (time.perf_counter() - start))
         if method == "blp":  # the greedy plan's fused kernels among the BLP's candidates
             blp = orchestrate(program, required, self.db, self.tune, seeds=fused_kernels(*greedy), **limits)
-            plans = {"blp": race_shared_in_place(program, *blp)} | plans
+            plans = {"blp": settled(program, race_shared_in_place(program, *blp), plans["greedy"])} | plans
         checked = agreeing(plans, program, required)
         if not checked:  # no plan computes what its kernels compute apart: those kernels, as stitched
             return program, Orchestration("none", figures={"disagreed": sorted(plans), "runners_up_in_place": taken})

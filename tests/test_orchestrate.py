@@ -16,7 +16,7 @@ import codegen.orchestrate as orchestrate_module
 import codegen.program as program_module
 from codegen.backend import CpuBackend
 from codegen.measure import MeasurementDB, Race, Timing
-from codegen.orchestrate import orchestrate
+from codegen.orchestrate import Orchestration, orchestrate
 from codegen.program import CompiledProgram, _step, in_place_times, outside_kernels, plan_buffers, race_whole
 from codegen.tvm_kernel import lower_to_te
 from rewriter import evaluate, parse, parse_program
@@ -339,6 +339,51 @@ def test_alike_layers_are_weighed_on_their_pooled_samples_and_fused_alike(tmp_pa
     np.testing.assert_allclose(orchestrated.run({"X": x})["B2"], 2 * np.exp(2 * np.exp(x)), rtol=1e-5)
 
 
+@pytest.mark.parametrize("faster", [True, False])
+def test_the_blp_plan_is_taken_into_the_greedy_one_where_whole_runs_say_so(tmp_path, monkeypatch, faster):
+    """Two layers alike up to tensor names, the BLP fusing each (A1, B1), (A2, B2), the greedy
+    plan none: two regions where the plans differ, alike, so one group raced once (a race set to
+    find the program with them faster or not) and taken together, or left as the greedy plan
+    has them. Either program computes the same values."""
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    texts = [("A1", "exp(X[i, j])", "X"), ("B1", "2 * A1[i, j]", "A1"), ("A2", "exp(B1[i, j])", "B1")]
+    texts.append(("B2", "2 * A2[i, j]", "A2"))
+    steps = [
+        _step(Kernel("eop", out, parse(f"L i:16, j:16 ; {body}", {read: (16, 16)})), "tvm", "float32")
+        for out, body, read in texts
+    ]
+    program = CompiledProgram(steps, {"X": (16, 16)})
+    program.measure(db)
+
+    def in_place(programs, rounds=6):
+        times = in_place_times(programs, rounds)
+        for run, per_step in zip(programs, times):
+            for i, step in enumerate(run.steps):
+                per_step[i] = [0.5 if list(nested_scopes(step.kernel.expr)) else 1.0]
+        return times
+
+    monkeypatch.setattr(orchestrate_module, "in_place_times", in_place)
+    blp = orchestrate(program, {"B2"}, db, max_primitives=2)
+    assert [k.primitives for k in blp[1].shared] == [("A1", "B1"), ("A2", "B2")]
+    races = []
+
+    def race(programs, baseline):
+        races.append([len(p.steps) for p in programs.values()])
+        ratio = (0.9, 0.95, 0.99) if faster else (0.99, 1.0, 1.01)
+        return Race(baseline, {name: 1.0 for name in programs}, {"with": ratio}, 8, 0.95)
+
+    settled, plan = orchestrate_module.settled(program, blp, (program, Orchestration("greedy")), race)
+    assert races == [[4, 2]]  # the greedy program, then the one with both layers fused
+    ratio = [2, *((0.9, 0.95, 0.99) if faster else (0.99, 1.0, 1.01))]
+    settling = {"regions": 2, "groups": 1, "raced": 1, "taken": 2 if faster else 0, "unmixable": 0, "ratios": [ratio]}
+    assert plan.figures["settled_blp"] == {"against": "greedy"} | settling
+    assert len(settled.steps) == (2 if faster else 4)
+    assert [k.primitives for k in plan.shared] == ([("A1", "B1"), ("A2", "B2")] if faster else [])
+    assert "the blp plan settled against the greedy plan: 2 regions where they differ" in plan.describe()
+    x = np.random.default_rng(0).uniform(-1, 1, (16, 16)).astype(np.float32)
+    np.testing.assert_allclose(settled.run({"X": x})["B2"], 2 * np.exp(2 * np.exp(x)), rtol=1e-5)
+
+
 def test_an_unknown_orchestration_is_refused_by_name():
     program = parse_program("Y = L i:4 ; 2 * X[i]\nreturn Y", {"X": (4,)})
     with pytest.raises(ExpressionError, match="unknown orchestration 'fastest'; known: blp, greedy, none"):
@@ -554,6 +599,7 @@ def test_the_kernels_as_stitched_are_kept_where_every_plan_runs_slower_whole(tmp
     db.put(_step(fuse(a, b), "tvm", "float32").signature("float32"), Timing(1e-9, 0.0, 1, False))
     monkeypatch.setattr(orchestrate_module, "in_place_times", _primitives_take(1.0))
     monkeypatch.setattr(backend_module, "race_shared_in_place", lambda stitched, fused, plan: (fused, plan))
+    monkeypatch.setattr(backend_module, "settled", _settled_as_faster)
     asked = []
     race = _raced({method: 0.001 if method == faster else 0.002 for method in ("blp", "none")}, asked)
     monkeypatch.setattr(
@@ -572,13 +618,23 @@ def test_the_kernels_as_stitched_are_kept_where_every_plan_runs_slower_whole(tmp
     np.testing.assert_allclose(kept(X=x), 2 * np.exp(x), rtol=1e-5)
 
 
-@pytest.mark.parametrize("slow", ["derived", "runner-up"])
-def test_a_subprogram_that_runs_slower_than_its_runner_up_where_the_program_runs_it_is_replaced(slow):
+def _settled_as_faster(stitched, ours, theirs):
+    """``settled`` with every region's whole runs faster (a race set so)."""
+
+    def race(programs, baseline):
+        return Race(baseline, {name: 1.0 for name in programs}, {"with": (0.9, 0.95, 0.99)}, 8, 0.95)
+
+    return orchestrate_module.settled(stitched, ours, theirs, race)
+
+
+@pytest.mark.parametrize("slow, whole", [("derived", True), ("runner-up", True), ("derived", False)])
+def test_a_subprogram_that_runs_slower_than_its_runner_up_where_the_program_runs_it_is_replaced(slow, whole):
     """Subprogram A derived as a weight-only kernel and a product (A = exp(X) * W2, W2 = 2 W),
     its runner-up one kernel (A = exp(X) * 2 W); B = A + 1 reads it. Whichever is slower where
     the program runs (a pause added to its kernel) loses the race, the runner-up replacing the
-    derived kernels whole, the derived one's weight-only output dropped with them; the program
-    computes the same values either way."""
+    derived kernels whole, the derived one's weight-only output dropped with them, where whole
+    runs with it are faster too (``whole``: else a race set to find them not faster keeps the
+    derived kernels); the program computes the same values either way."""
     n = (16, 16)
 
     def step(output, body, reads, weight_only=False):
@@ -595,9 +651,18 @@ def test_a_subprogram_that_runs_slower_than_its_runner_up_where_the_program_runs
     w = np.random.default_rng(1).uniform(-1, 1, n).astype(np.float32)
     stitched = CompiledProgram([*derived, *after], {"X": n}).bind({"W": w})
     runner_up = CompiledProgram(other, {"X": n}).bind({"W": w})
-    raced, taken = orchestrate_module.race_runners_up(stitched, {"A": [runner_up]}, {"A", "B"})
+    races = []
+
+    def slower(programs, baseline):
+        races.append(list(programs))
+        return Race(baseline, {name: 1.0 for name in programs}, {"with": (0.99, 1.0, 1.01)}, 8, 0.95)
+
+    race = {} if whole else {"race": slower}
+    raced, taken = orchestrate_module.race_runners_up(stitched, {"A": [runner_up]}, {"A", "B"}, **race)
     outputs = [s.kernel.output for s in raced.steps]
-    assert (taken, outputs) == ((1, ["A", "B"]) if slow == "derived" else (0, ["A_w2", "A", "B"]))
-    assert ("A_w2" in raced.constants) == (slow == "runner-up")
+    replaced = slow == "derived" and whole
+    assert (taken, outputs) == ((1, ["A", "B"]) if replaced else (0, ["A_w2", "A", "B"]))
+    assert ("A_w2" in raced.constants) == (not replaced)
+    assert races == ([] if whole else [["without", "with"]])
     x = np.random.default_rng(0).uniform(-1, 1, n).astype(np.float32)
     np.testing.assert_allclose(raced(X=x), np.exp(x) * 2 * w + 1, rtol=1e-5)
