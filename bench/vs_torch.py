@@ -162,6 +162,8 @@ def orchestration_columns(programs: dict, seconds: dict) -> dict:
         **{f"blp_{k}": figures.get(k) for k in BLP_FIGURES},
         # the BLP's plan and the greedy one's in the BLP's terms (kernels timed where trial programs ran them, summed)
         **{f"blp_{k}_ms": round(figures[k] * 1e3, 3) for k in ("seconds", "greedy_seconds") if k in figures},
+        # each plan taken into the one before it where whole runs say so (``settled``): regions, groups raced, taken
+        **{key: figures.get(key) for key in ("settled_greedy", "settled_blp")},
     }
 
 

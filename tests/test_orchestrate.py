@@ -307,13 +307,8 @@ def test_a_plan_of_kernels_timed_in_a_lucky_moment_is_timed_again_and_given_up(t
     np.testing.assert_allclose(values["C"], np.exp(x) + 1, rtol=1e-5)
 
 
-def test_alike_layers_are_weighed_on_their_pooled_samples_and_fused_alike(tmp_path, monkeypatch):
-    """Two layers alike up to tensor names (A1 = exp(X), B1 = 2 A1; A2 = exp(B1), B2 = 2 A2),
-    each primitive 1 s in place. The first layer's fused kernel times 0.5 s where it runs, the
-    second's 3 s (set so: one fast moment, one slow); weighed apart, the BLP would fuse the
-    first layer only. Weighed on the samples of both, each is 1.75 s against 2 apart, and both
-    layers are fused."""
-    db = MeasurementDB(tmp_path / "m.sqlite")
+def _two_layers(db: MeasurementDB) -> CompiledProgram:
+    """A1 = exp(X), B1 = 2 A1; A2 = exp(B1), B2 = 2 A2: two layers alike up to tensor names."""
     texts = [("A1", "exp(X[i, j])", "X"), ("B1", "2 * A1[i, j]", "A1"), ("A2", "exp(B1[i, j])", "B1")]
     texts.append(("B2", "2 * A2[i, j]", "A2"))
     steps = [
@@ -322,6 +317,17 @@ def test_alike_layers_are_weighed_on_their_pooled_samples_and_fused_alike(tmp_pa
     ]
     program = CompiledProgram(steps, {"X": (16, 16)})
     program.measure(db)
+    return program
+
+
+def test_alike_layers_are_weighed_on_their_pooled_samples_and_fused_alike(tmp_path, monkeypatch):
+    """Two layers alike up to tensor names (A1 = exp(X), B1 = 2 A1; A2 = exp(B1), B2 = 2 A2),
+    each primitive 1 s in place. The first layer's fused kernel times 0.5 s where it runs, the
+    second's 3 s (set so: one fast moment, one slow); weighed apart, the BLP would fuse the
+    first layer only. Weighed on the samples of both, each is 1.75 s against 2 apart, and both
+    layers are fused."""
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    program = _two_layers(db)
     fused = {"B1": 0.5, "B2": 3.0, "A2": 10.0}  # (A1, B1), (A2, B2); (B1, A2) slow
 
     def in_place(programs, rounds=6):
@@ -346,14 +352,7 @@ def test_the_blp_plan_is_taken_into_the_greedy_one_where_whole_runs_say_so(tmp_p
     find the program with them faster or not) and taken together, or left as the greedy plan
     has them. Either program computes the same values."""
     db = MeasurementDB(tmp_path / "m.sqlite")
-    texts = [("A1", "exp(X[i, j])", "X"), ("B1", "2 * A1[i, j]", "A1"), ("A2", "exp(B1[i, j])", "B1")]
-    texts.append(("B2", "2 * A2[i, j]", "A2"))
-    steps = [
-        _step(Kernel("eop", out, parse(f"L i:16, j:16 ; {body}", {read: (16, 16)})), "tvm", "float32")
-        for out, body, read in texts
-    ]
-    program = CompiledProgram(steps, {"X": (16, 16)})
-    program.measure(db)
+    program = _two_layers(db)
 
     def in_place(programs, rounds=6):
         times = in_place_times(programs, rounds)
