@@ -541,13 +541,14 @@ SETTLE_S = 5.0  # the longest one such race runs
 # took a group of 7 regions at 0.998 (95%: 0.985-0.999), and its plan then ran 1.003x the plan
 # without them (1.000-1.007) in the race that followed.
 SETTLE_MARGIN = 0.005
+_SETTLING_RACE = functools.partial(race_whole, max_seconds=SETTLE_S)
 
 
 def settled(
     stitched: CompiledProgram,
     ours: tuple[CompiledProgram, Orchestration],
     theirs: tuple[CompiledProgram, Orchestration],
-    race: Callable[[Mapping[str, CompiledProgram], str], Race] = functools.partial(race_whole, max_seconds=SETTLE_S),
+    race: Callable[[Mapping[str, CompiledProgram], str], Race] = _SETTLING_RACE,
 ) -> tuple[CompiledProgram, Orchestration]:
     """The plan ``ours`` (its program and orchestration: the BLP's) taken into ``theirs`` (the
     greedy plan's; or the kernels as stitched, "none", for the greedy plan) region by region,
@@ -755,7 +756,7 @@ def race_runners_up(
     stitched: CompiledProgram,
     runners_up: Mapping[str, Sequence[CompiledProgram]],
     ends: set[str],
-    race: Callable[[Mapping[str, CompiledProgram], str], Race] = functools.partial(race_whole, max_seconds=SETTLE_S),
+    race: Callable[[Mapping[str, CompiledProgram], str], Race] = _SETTLING_RACE,
 ) -> tuple[CompiledProgram, int]:
     """The stitched program with each subprogram raced where it runs against its runners-up
     (``runners_up``: subprogram output -> programs over the stitched program's names, the
@@ -798,7 +799,10 @@ def race_runners_up(
         if k > 0:  # alike subprograms (every layer's) taking alike runners-up: one change
             changes.setdefault((_form(chosen), _form(found[0])), []).append((chosen, found[0]))
     order = sorted(changes.values(), key=len, reverse=True)
-    program, figures = adopted_where_faster(replace(program, steps=base), order, _spliced, race)
+    # the runners-up's weights laid out beforehand, as the program's are: a packed kernel lays
+    # out a weight missing from ``prepared`` on every call, which its whole runs would time
+    laid_out = _prepared(program, [s for group in order for new, _ in group for s in new])
+    program, figures = adopted_where_faster(replace(program, steps=base, prepared=laid_out), order, _spliced, race)
     used = {n for s in program.steps for n in tensor_shapes(s.kernel.expr)} | {s.kernel.output for s in program.steps}
     kept = {n: v for n, v in constants.items() if n in used}
     return replace(program, constants=kept, buffers={}).prepare(), figures["taken"]
