@@ -885,3 +885,18 @@ def test_an_epilogue_runs_on_each_tile_of_the_sums_it_reads(text, at_tile):
     assert ('scope="local"' in kernel.listing()) == at_tile
     values = random_inputs(expr, seed=3)
     np.testing.assert_allclose(kernel(**values), evaluate(expr, values), rtol=1e-4, atol=1e-4)
+
+
+def test_an_activation_reading_the_biased_sums_twice_runs_at_the_tile_too():
+    """A GELU reads its biased sums twice (``x * erf(x)``), so the bias stays a stage of its
+    own rather than composed into the activation's; both run inside the product's tile loop,
+    each on a tile-sized local buffer, and no intermediate as large as the output is written."""
+    biased = f"{{ L a:24, b:40 ; {PRODUCT}[a, b] + C[b] }}"
+    expr = parse(
+        f"L i:24, j:40 ; {biased}[i, j] * (erf({biased}[i, j] / 1.41) + 1)", {"A": (24, 16), "B": (16, 40), "C": (40,)}
+    )
+    kernel = compile_scope(expr)
+    intermediates = [line for line in kernel.listing().splitlines() if "alloc_buffer((24" in line]
+    assert len(intermediates) == 2 and all('scope="local"' in line for line in intermediates)
+    values = random_inputs(expr, seed=3)
+    np.testing.assert_allclose(kernel(**values), evaluate(expr, values), rtol=1e-4, atol=1e-4)
