@@ -536,10 +536,11 @@ def faster_end_to_end(
 
 SETTLE_RACES = 8  # at most: groups of regions raced whole (the BLP's largest estimated savings first)
 SETTLE_S = 5.0  # the longest one such race runs
-# how much faster a change must surely be: the race's resolution. Below it, a ratio's interval
-# lies under 1 as often by a state of the machine as by the change: GPT-2 (32 tokens, a Zen 4)
-# took a group of 7 regions at 0.998 (95%: 0.985-0.999), and its plan then ran 1.003x the plan
-# without them (1.000-1.007) in the race that followed.
+# how much faster one race must find a change to take it on that race alone: the race's
+# resolution. Below it, a ratio's interval lies under 1 as often by a state of the machine as
+# by the change: GPT-2 (32 tokens, a Zen 4) took a group of 7 regions at 0.998 (95%:
+# 0.985-0.999), and its plan then ran 1.003x the plan without them (1.000-1.007) in the race
+# that followed. A change surely faster by less is raced once more (``surely_faster``).
 SETTLE_MARGIN = 0.005
 _SETTLING_RACE = functools.partial(race_whole, max_seconds=SETTLE_S)
 
@@ -608,11 +609,11 @@ def adopted_where_faster(
     race: Callable[[Mapping[str, CompiledProgram], str], Race],
 ) -> tuple[CompiledProgram, dict]:
     """``program`` with each of ``groups`` (changes to it, in order, at most ``SETTLE_RACES``)
-    made where whole runs are faster with it, beyond doubt and by more than ``SETTLE_MARGIN``
-    (``race``: the program with the group's change, ``taking(steps, group)``, against the
-    program as it stands: the interval of the median ratio below 1 - margin). A change
+    made where whole runs are faster with it (``surely_faster``: the program with the group's
+    change, ``taking(steps, group)``, raced against the program as it stands). A change
     whose kernels would read what the program does not make by then is not raced. Returns
-    the program and how many groups were raced, how many changes taken, how many unmixable."""
+    the program and how many groups were raced, how many changes taken, how many unmixable,
+    and each raced group's size and ratios."""
     ratios, taken, unmixable = [], 0, 0
     available = set(program.inputs) | set(program.constants)
     for group in groups[:SETTLE_RACES]:
@@ -621,11 +622,30 @@ def adopted_where_faster(
             unmixable += 1
             continue
         candidate = replace(program, steps=steps, buffers={})
-        raced = race({"without": program, "with": candidate}, "without")
-        ratios.append([len(group), *(round(r, 4) for r in raced.ratios["with"])])
-        if raced.ratios["with"][2] < 1 - SETTLE_MARGIN:
+        faster, raced = surely_faster(program, candidate, race)
+        ratios.append([len(group), *(round(r, 4) for ratio in raced for r in ratio)])
+        if faster:
             program, taken = candidate, taken + len(group)
     return program, {"raced": len(ratios), "taken": taken, "unmixable": unmixable, "ratios": ratios}
+
+
+def surely_faster(
+    program: CompiledProgram, candidate: CompiledProgram, race: Callable[[Mapping[str, CompiledProgram], str], Race]
+) -> tuple[bool, list[tuple[float, float, float]]]:
+    """Whether whole runs of ``candidate`` are faster than ``program``'s, and the ratios
+    (candidate over program: low, median, high) of the races that said so: faster where the
+    race's interval lies below 1 by more than ``SETTLE_MARGIN``, or below 1 and again below
+    1 in a second race. Calibrated on GPT-2 (32 tokens, a Zen 4; bench/race_calibration.py,
+    programs raced in one pool of buffers): copies of the program taken in none of 16
+    trials, savings of 0.6% of a run in 5 of 8 and of 1% in 7 of 8, where the margin alone
+    took 0 and 6."""
+    ratios = []
+    for _ in range(2):
+        ratios.append(race({"without": program, "with": candidate}, "without").ratios["with"])
+        high = ratios[-1][2]
+        if high >= 1 or high < 1 - SETTLE_MARGIN:
+            return high < 1, ratios
+    return True, ratios
 
 
 def _members(step: Step, plan: Orchestration) -> tuple[str, ...]:
@@ -675,10 +695,11 @@ def _describe_settling(method: str, t: dict) -> list[str]:
     lines = [
         f"  the {method} plan settled against {against}: {t['regions']} regions where they differ"
         f" ({t['groups']} alike groups), {t['raced']} groups raced whole, {t['taken']} regions taken"
-        f" (surely {SETTLE_MARGIN:.1%} faster or more), {t['unmixable']} groups reading what another fused away"
+        f" (surely faster: by {SETTLE_MARGIN:.1%} in one race, or in two), {t['unmixable']} groups reading what another fused away"
     ]
-    for size, low, median, high in t.get("ratios", ()):
-        lines.append(f"    {size} regions: whole runs {median:.3f}x without them ({low:.3f}-{high:.3f})")
+    for size, *ratios in t.get("ratios", ()):
+        raced = [f"{median:.3f}x ({low:.3f}-{high:.3f})" for low, median, high in zip(*[iter(ratios)] * 3)]
+        lines.append(f"    {size} regions: whole runs {', then '.join(raced)} without them")
     return lines
 
 

@@ -274,9 +274,9 @@ def cmd_run(args, console: Console) -> int:
 
 
 def cmd_compare(args, console: Console) -> int:
-    """Two saved programs of one model run whole in turns (``race_whole``: on zeros, each round
-    in another order) until B's time over A's in the same round is known to lie above or below 1
-    (95%) or within 0.5% of it, or ``--seconds`` have passed."""
+    """Two saved programs of one model run whole in turns (``race_whole``: on zeros, in one pool
+    of buffers, each round in another order) until B's time over A's in the same round is known
+    to lie above or below 1 (95%) or within 0.5% of it, or ``--seconds`` have passed."""
     first, second = load_optimized(args.first).program, load_optimized(args.second).program
     if first.inputs != second.inputs:
         raise ExpressionError(

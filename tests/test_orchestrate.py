@@ -383,6 +383,30 @@ def test_the_blp_plan_is_taken_into_the_greedy_one_where_whole_runs_say_so(tmp_p
     np.testing.assert_allclose(settled.run({"X": x})["B2"], 2 * np.exp(2 * np.exp(x)), rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "races, taken",
+    [
+        ([(0.98, 0.99, 0.994)], True),  # below 1 by more than the margin: one race is enough
+        ([(0.99, 1.0, 1.01)], False),  # not below 1: not taken, not raced again
+        ([(0.99, 0.997, 0.999), (0.99, 0.996, 0.998)], True),  # below 1 by less, twice
+        ([(0.99, 0.997, 0.999), (0.995, 1.0, 1.005)], False),  # below 1 by less, then not
+    ],
+)
+def test_a_change_surely_faster_by_less_than_the_margin_is_raced_again(races, taken):
+    """``surely_faster`` takes a change whose race puts it below 1 by more than
+    ``SETTLE_MARGIN``; below 1 by less, only where a second race puts it below 1 too, and a
+    change not below 1 is not raced again. Returns the ratios of the races it ran."""
+    program = parse_program("Y = L i:4 ; 2 * X[i]\nreturn Y", {"X": (4,)})
+    asked = iter(races)
+
+    def race(programs, baseline):
+        assert baseline == "without" and set(programs) == {"without", "with"}
+        return Race(baseline, {"without": 1.0, "with": 1.0}, {"with": next(asked)}, 8, 0.95)
+
+    assert orchestrate_module.surely_faster(program, program, race) == (taken, races)
+    assert next(asked, None) is None  # no race beyond those
+
+
 def test_an_unknown_orchestration_is_refused_by_name():
     program = parse_program("Y = L i:4 ; 2 * X[i]\nreturn Y", {"X": (4,)})
     with pytest.raises(ExpressionError, match="unknown orchestration 'fastest'; known: blp, greedy, none"):
