@@ -18,6 +18,7 @@ from codegen.program import (
     _stopwatch,
     compile_candidate,
     implementations,
+    in_one_pool,
     load,
     plan_buffers,
     race_slots,
@@ -848,6 +849,36 @@ def test_a_planned_program_reuses_memory_and_computes_what_it_did():
     )
     _close(timed.run({"X": x})["out"], want)
     assert all(len(s) == 1 for s in samples)
+
+
+def test_programs_raced_run_in_one_pool_of_buffers_each_slot_as_large_as_either_needs():
+    """``in_one_pool`` (how ``race_whole`` runs the programs it races): copies of two programs
+    of one computation share one set of buffers, each slot as large as the larger program's
+    (B's first intermediate is twice A's), so run in turns neither allocates memory of its
+    own, and each still computes what it did."""
+    shapes = {"X": (64,)}
+
+    def program(texts):
+        kernels, known = [], dict(shapes)
+        for name, text in texts:
+            kernels.append(Kernel("eop", name, parse(text, known)))
+            known[name] = kernels[-1].expr.shape
+        return compile_candidate(Candidate(kernels), shapes)
+
+    a = program([("T0", "L i:64 ; 2 * X[i]"), ("T1", "L i:64 ; T0[i] + 1"), ("out", "L i:64 ; T1[i] * T0[i]")])
+    b = program([("U", "L i:128 ; 2 * X[i % 64]"), ("V", "L i:64 ; U[i] + U[i + 64]"), ("out", "L i:64 ; V[i] * V[i]")])
+    pooled = in_one_pool({"a": a, "b": b})
+    pool = pooled["a"].buffers
+    assert pooled["b"].buffers is pool and not a.buffers and not b.buffers
+    for original in (a, b):
+        assert all(pool[slot].size >= size for slot, size in enumerate(plan_buffers(original.steps, {"out"}).sizes))
+    assert pool[0].size == 128
+    held = dict(pool)
+    x = np.random.default_rng(0).uniform(-1, 1, 64)
+    for _ in range(2):
+        _close(pooled["a"](X=x), 2 * x * (2 * x + 1))
+        _close(pooled["b"](X=x), (4 * x) ** 2)
+    assert pool.keys() == held.keys() and all(pool[slot] is held[slot] for slot in held)
 
 
 @pytest.mark.parametrize("impl", ["packed", "blas", "tvm"])
