@@ -635,10 +635,10 @@ def surely_faster(
     """Whether whole runs of ``candidate`` are faster than ``program``'s, and the ratios
     (candidate over program: low, median, high) of the races that said so: faster where the
     race's interval lies below 1 by more than ``SETTLE_MARGIN``, or below 1 and again below
-    1 in a second race. Calibrated on GPT-2 (32 tokens, a Zen 4; bench/race_calibration.py,
-    programs raced in one pool of buffers): copies of the program taken in none of 16
-    trials, savings of 0.6% of a run in 5 of 8 and of 1% in 7 of 8, where the margin alone
-    took 0 and 6."""
+    1 in a second race. Calibrated on GPT-2, BERT-base (32 tokens) and MobileNetV2 programs
+    (a Zen 4; bench/race_calibration.py, programs raced in one pool of buffers): copies of
+    the program taken in none of 38 trials; savings of 0.3% of a run in 10 of 22, of 0.6% in
+    14 of 22, of 1% in 21 of 22, where the margin alone took 2, 3 and 12."""
     ratios = []
     for _ in range(2):
         ratios.append(race({"without": program, "with": candidate}, "without").ratios["with"])
