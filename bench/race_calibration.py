@@ -119,6 +119,8 @@ def main() -> None:
     parser.add_argument("--copies", nargs="*", choices=KINDS, default=list(KINDS), help="the A/A kinds raced")
     parser.add_argument("--savings", type=float, nargs="*", default=[], help="fractions of a run saved, raced too")
     args = parser.parse_args()
+    if not args.copies and not args.savings:
+        parser.error("nothing to race: give --copies, --savings or both")
     program = load_optimized(args.directory).program
     whole = run_seconds(program) if args.savings else 0.0
     slowed = {f"saving {f:g}": run_again(program, f, whole) for f in args.savings}
