@@ -9,9 +9,9 @@ orchestration does (``codegen.orchestrate.surely_faster``: whole runs of the pro
 change against the program as it stands, in turns, races of at most ``--seconds``, 5 as the
 settling's ``SETTLE_S``). The kinds of change, in turn:
 
-- "shared" (A/A): a copy of the program, the same kernels and laid-out weights with buffers of
-  its own, as a settled change's program is (it shares the weights of the program it changes).
-  Taking it is taking a change that changes nothing.
+- "shared" (A/A): a copy of the program, the same kernels and laid-out weights, as a settled
+  change's program is (it shares the weights of the program it changes; the race runs both in
+  its one pool of buffers). Taking it is taking a change that changes nothing.
 - "loaded" (A/A): the directory loaded again, its weights laid out again, as separately
   prepared programs meet (the end-to-end race of the plans, ``rewriter compare``, a
   benchmark's columns).
@@ -31,11 +31,8 @@ import argparse
 import functools
 import json
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -86,21 +83,7 @@ def summary(settled: list[tuple[bool, list]]) -> dict:
     }
 
 
-def run_seconds(program, runs: int = 20) -> float:
-    """The median of ``runs`` whole runs of ``program`` on zeros (after three to warm it)."""
-    given = {n: np.zeros(s, program.dtype) for n, s in program.inputs.items() if n not in program.constants}
-    run = functools.partial(program.run, given)
-    for _ in range(3):
-        run()
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
-
-
-def settling(directory: Path, program, kind: str, slowed: dict, seconds: float) -> list[tuple]:
+def settling(directory: Path, program, kind: str, slowed: dict, seconds: float) -> tuple[bool, list[tuple]]:
     """The settling's verdict on one change of ``kind`` (``surely_faster``, its races of at most
     ``seconds``): a copy against the program (A/A: no change), or the program against its
     slowed copy (a saving, ``slowed[kind]``). Returns whether it took the change, and the
@@ -122,7 +105,7 @@ def main() -> None:
     if not args.copies and not args.savings:
         parser.error("nothing to race: give --copies, --savings or both")
     program = load_optimized(args.directory).program
-    whole = run_seconds(program) if args.savings else 0.0
+    whole = race_whole({"program": program}, "program", max_seconds=2).seconds["program"] if args.savings else 0.0
     slowed = {f"saving {f:g}": run_again(program, f, whole) for f in args.savings}
     kinds = args.copies + list(slowed)
     found: dict[str, list] = {kind: [] for kind in kinds}
