@@ -1700,15 +1700,73 @@ def _compile(scope: Scope, dtype: str, params: Schedule, target):
     """The compiled module; with int64 indices where TVM's own arithmetic on the int32 ones
     overflows (it multiplies constants that ``_fits_int32`` never sees: a guard's bound by a
     coefficient of a million), which only a far read makes."""
+    pipeline = _pipeline() if target.kind.name == "llvm" else "default"
     try:
         try:
-            return tvm.compile(_module(scope, dtype, params, target), target=target)
+            return tvm.compile(_module(scope, dtype, params, target), target=target, tir_pipeline=pipeline)
         except ValueError as err:
             if "exceeds range of int32" not in str(err):
                 raise
-            return tvm.compile(_module(scope, dtype, params, target, wide=True), target=target)
+            return tvm.compile(_module(scope, dtype, params, target, wide=True), target=target, tir_pipeline=pipeline)
     except (RuntimeError, ValueError, TypeError) as err:
         raise CodegenError(f"TVM could not compile {scope} (dtype {dtype}, {params}): {err}") from err
+
+
+# TVM's LLVM pipeline with ``_tiles_on_stack`` after its own lowering (registered on first use:
+# TVM is imported on first use).
+_PIPELINE = "rewriter.tiles_on_stack"
+_STACK_BYTES = 32 * 1024  # at most this much per tile on a thread's stack (8 MB by default)
+
+
+@lru_cache(maxsize=None)
+def _pipeline() -> str:
+    compilation = importlib.import_module("tvm.tirx.compilation_pipeline")
+
+    def factory(**kwargs):
+        lowering, finalize_host, finalize_device = compilation.get_tir_pipeline("s_tir", **kwargs)
+        on_stack = tvm.tirx.transform.prim_func_pass(
+            lambda f, _mod, _ctx: f.with_body(_tiles_on_stack(f.body)), opt_level=0, name="tiles_on_stack"
+        )
+        return tvm.transform.Sequential([lowering, on_stack]), finalize_host, finalize_device
+
+    compilation.register_tir_pipeline(_PIPELINE, factory)
+    return _PIPELINE
+
+
+def _tiles_on_stack(stmt):
+    """``stmt`` with its tile buffers (scope "local": an epilogue's sums, a summation's partial
+    vectors) allocated on the stack, up to ``_STACK_BYTES``; the same object where it has none.
+    TVM puts on the stack only "global" buffers under 1 KB and asks its workspace pool for the
+    others, once per tile, inside the parallel loop, where LLVM cannot keep the buffer in
+    registers either (it may alias the tensors). Measured here (AMD EPYC Zen 4, 2 cores, in
+    turns in one process): ViT's 197x768 @ 768x3072 with its bias at the tile, 4.58 ms from the
+    pool, 4.47 on the stack, 4.43 the product alone; in tiles of 6 rows 4.75, 4.39, 4.51."""
+    tirx = tvm.tirx
+    if isinstance(stmt, tirx.AllocBuffer):
+        buffer = stmt.buffer
+        if buffer.scope() != "local" or not all(isinstance(d, tirx.IntImm) for d in buffer.shape):
+            return stmt
+        if math.prod(int(d) for d in buffer.shape) * tvm.runtime.DataType(buffer.dtype).itemsize > _STACK_BYTES:
+            return stmt
+        return tirx.AllocBuffer(buffer, {**stmt.annotations, "disable_lower_builtin": tirx.IntImm("bool", 1)})
+    if isinstance(stmt, tirx.SeqStmt):
+        seq = [_tiles_on_stack(s) for s in stmt.seq]
+        return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else tirx.SeqStmt(seq)
+    if isinstance(stmt, (tirx.For, tirx.AttrStmt)):
+        body = _tiles_on_stack(stmt.body)
+        if body.same_as(stmt.body):
+            return stmt
+        if isinstance(stmt, tirx.AttrStmt):
+            return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body)
+        return tirx.For(
+            stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, stmt.annotations, stmt.step
+        )
+    if isinstance(stmt, tirx.IfThenElse):
+        then, other = _tiles_on_stack(stmt.then_case), stmt.else_case and _tiles_on_stack(stmt.else_case)
+        if then.same_as(stmt.then_case) and (other is None or other.same_as(stmt.else_case)):
+            return stmt
+        return tirx.IfThenElse(stmt.condition, then, other)
+    return stmt
 
 
 # --------------------------------------------------------------------------------------------

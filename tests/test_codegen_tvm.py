@@ -887,6 +887,28 @@ def test_an_epilogue_runs_on_each_tile_of_the_sums_it_reads(text, at_tile):
     np.testing.assert_allclose(kernel(**values), evaluate(expr, values), rtol=1e-4, atol=1e-4)
 
 
+def test_a_tile_buffer_lives_on_the_stack_up_to_its_limit(monkeypatch):
+    """The sums of a product's tile, read by its bias at the tile, are a stack buffer, not one
+    asked of TVM's workspace pool per tile (TVM's own rule keeps only "global" buffers under 1
+    KB on the stack); over ``_STACK_BYTES`` they come from the pool. The values are the
+    reference's."""
+    product = "{ L a:24, b:48 ; S k:16 ; A[a, k] * B[k, b] }"  # whole vectors: no padded copy
+    expr = parse(f"L i:24, j:48 ; max({product}[i, j] + C[j], 0)", {"A": (24, 16), "B": (16, 48), "C": (48,)})
+    values = random_inputs(expr, seed=4)
+    inputs = [tvm.runtime.tensor(values[name].astype("float32")) for name in ("A", "B", "C")]
+
+    def run(module):
+        out = tvm.runtime.empty((24, 48), "float32")
+        module["main"](*inputs, out)
+        np.testing.assert_allclose(out.numpy(), evaluate(expr, values), rtol=1e-4, atol=1e-4)
+        return "load ptr, ptr @__TVMBackendAllocWorkspace" in module.mod.inspect_source("ll")  # a call to it
+
+    target = tvm_kernel.host_target()
+    assert not run(tvm_kernel._compile(expr, "float32", Schedule(), target))
+    monkeypatch.setattr(tvm_kernel, "_STACK_BYTES", 16)
+    assert run(tvm_kernel._compile(expr, "float32", Schedule(), target))
+
+
 def test_an_activation_reading_the_biased_sums_twice_runs_at_the_tile_too():
     """A GELU reads its biased sums twice (``x * erf(x)``), so the bias stays a stage of its
     own rather than composed into the activation's; both run inside the product's tile loop,
