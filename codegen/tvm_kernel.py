@@ -1271,6 +1271,8 @@ def _vector_traversal(sch, block, stage: _Stage, params: Schedule, native: int) 
     if axis is not None and _lanes(extents[axis], params.block) > 1:
         spatial[axis], inner = sch.split(spatial[axis], [None, _lanes(extents[axis], params.block)])
         tile = [inner]
+    if found and params.kblock is None:  # (``kblock`` splits the scope's first summation loop: its order stays)
+        reduction = _taps_outside(reduction, stage, stage.traversal[found[0]], found[1], width, native)
     unrolled = []
     if params.unroll > 1 and reduction:
         factor = _lanes(int(sch.get(reduction[-1]).extent), params.unroll)
@@ -1296,6 +1298,39 @@ def _vector_traversal(sch, block, stage: _Stage, params: Schedule, native: int) 
         sch.vectorize(vector[0])
     if reduction:  # initialise before the summation loops, not under a branch inside them
         sch.decompose_reduction(block, (inside or reduction)[0])
+
+
+def _taps_outside(reduction: list, stage: _Stage, row: str, rows: int, width: int, native: int) -> list:
+    """The summation loops, a window's taps along the register tile's rows outermost where the
+    innermost loop is such a tap and its broadcasts would not fit in registers beside the
+    tile's. A tap ``s`` read with the rows' iterator ``w`` (``X[.., w+s]``) is a loop LLVM
+    unrolls whole, and the tile's rows then share its broadcast reads (``X[w+s]`` for row ``w``
+    at tap ``s`` is row ``w+1``'s at tap ``s-1``): LLVM keeps rows + taps - 1 broadcasts live
+    beside the rows x width accumulators, and where they do not fit it spills to the stack
+    inside the summation. The spills' stores then alias the next loads 4 KiB apart or not,
+    depending on where the stack lies, so one kernel ran at two speeds, process by process
+    and with the call's depth: ResNet-50's 3x3 convolution over 64 channels at 56x56 (NCHW in
+    panels, 14 rows of two vectors) 1.6-1.9 or 3.3-5.2 ms on 2 threads of an AMD EPYC Zen 4;
+    with the taps outside, the channels' loop innermost, 1.05-1.09 in every process
+    (onnxruntime 1.06). At 7x7 (7 rows: their broadcasts fit) the order as written stays,
+    1.03-1.07 against 1.06-1.10 with the taps outside (DESIGN.md, "Code generation and cost")."""
+    sizes = {it.name: it.size for it in stage.summation}
+    broadcasts = [ix for indices, _ in stage.reads if not _varies(stage.inner, indices) for ix in indices]
+    taps = {tap for ix in broadcasts for tap in sizes if _shares_rows(ix, row, tap, sizes[tap])}
+    innermost = stage.summation[-1]
+    registers = 32 if native >= 16 else 16  # AVX-512's, AVX2's (as ``_tile_rows`` tells them)
+    if innermost.name not in taps or rows * width + rows + innermost.size - 1 + width <= registers:
+        return reduction
+    return [reduction[k] for k in sorted(range(len(sizes)), key=lambda k: stage.summation[k].name not in taps)]
+
+
+def _shares_rows(ix, row: str, tap: str, taps: int) -> bool:
+    """Whether reads at ``ix`` for consecutive ``row`` share elements across the ``taps``
+    steps of ``tap`` (``w+s``, ``2*w+s`` with three taps; not ``4*w+s`` with four)."""
+    form = affine_coefficients(ix)
+    if form is None or row not in form[0] or tap not in form[0]:
+        return False
+    return abs(form[0][row]) < taps * abs(form[0][tap])
 
 
 def _tile_plan(stage: _Stage, params: Schedule, native: int):

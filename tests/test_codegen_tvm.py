@@ -922,3 +922,21 @@ def test_an_activation_reading_the_biased_sums_twice_runs_at_the_tile_too():
     assert len(intermediates) == 2 and all('scope="local"' in line for line in intermediates)
     values = random_inputs(expr, seed=3)
     np.testing.assert_allclose(kernel(**values), evaluate(expr, values), rtol=1e-4, atol=1e-4)
+
+
+def test_a_windows_taps_along_the_tile_rows_go_outside_the_summation_where_they_would_spill():
+    """A 3x3 convolution in panels, rows of its register tile along ``w``: with 14 rows of two
+    vectors the tap ``s`` (read at ``w+s``) would be unrolled innermost beside 28 accumulators
+    and 16 broadcasts, more than the registers, so the summation runs ``s, c, r``; with 4 rows
+    they fit and the scope's order ``c, r, s`` stays. Both compute the reference's values."""
+    lanes = 2 * native_lanes()
+    expr = parse(
+        f"L j:2, h:28, w:28, l:{lanes} ; S c:8, r:3, s:3 ; X[c, h+r-1, w+s-1] * P[j, c, r, s, l]",
+        {"X": (8, 28, 28), "P": (2, 8, 3, 3, lanes)},
+    )
+    values = random_inputs(expr, seed=5)
+    for rows, order in ((14, "s, c, r"), (4, "c, r, s")):
+        kernel = compile_scope(expr, schedule=Schedule(tile=rows, width=2))
+        loops = [loop for line in kernel.listing().splitlines() for loop in re.findall(r"for ([\w, ]+) in", line)]
+        assert order in loops and not {"c, r, s", "s, c, r"} - {order} & set(loops)
+        np.testing.assert_allclose(kernel(**values), evaluate(expr, values), rtol=1e-4, atol=1e-4)
