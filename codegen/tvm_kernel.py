@@ -1313,14 +1313,16 @@ def _taps_outside(reduction: list, stage: _Stage, row: str, rows: int, width: in
     panels, 14 rows of two vectors) 1.6-1.9 or 3.3-5.2 ms on 2 threads of an AMD EPYC Zen 4;
     with the taps outside, the channels' loop innermost, 1.05-1.09 in every process
     (onnxruntime 1.06). At 7x7 (7 rows: their broadcasts fit) the order as written stays,
-    1.03-1.07 against 1.06-1.10 with the taps outside (DESIGN.md, "Code generation and cost")."""
+    1.03-1.07 against 1.06-1.10 with the taps outside; so it does for rows one vector wide,
+    which LLVM did not spill (AVX2's 7 rows of one vector: 1.27-1.59 ms as written, 1.54-2.42
+    with the taps outside; DESIGN.md, "Code generation and cost")."""
     sizes = {it.name: it.size for it in stage.summation}
     broadcasts = [ix for indices, _ in stage.reads if not _varies(stage.inner, indices) for ix in indices]
     taps = {tap for ix in broadcasts for tap in sizes if _shares_rows(ix, row, tap, sizes[tap])}
     innermost = stage.summation[-1]
     registers = 32 if native >= 16 else 16  # AVX-512's, AVX2's (as ``_tile_rows`` tells them)
-    if innermost.name not in taps or rows * width + rows + innermost.size - 1 + width <= registers:
-        return reduction
+    if innermost.name not in taps or width < 2 or rows * width + rows + innermost.size - 1 + width <= registers:
+        return reduction  # rows of one vector: LLVM loads their broadcasts again rather than spill them
     return [reduction[k] for k in sorted(range(len(sizes)), key=lambda k: stage.summation[k].name not in taps)]
 
 
