@@ -1321,8 +1321,10 @@ def _taps_outside(reduction: list, stage: _Stage, row: str, rows: int, width: in
     taps = {tap for ix in broadcasts for tap in sizes if _shares_rows(ix, row, tap, sizes[tap])}
     innermost = stage.summation[-1]
     registers = 32 if native >= 16 else 16  # AVX-512's, AVX2's (as ``_tile_rows`` tells them)
-    if innermost.name not in taps or width < 2 or rows * width + rows + innermost.size - 1 + width <= registers:
-        return reduction  # rows of one vector: LLVM loads their broadcasts again rather than spill them
+    if innermost.name not in taps or width < 2:  # (rows of one vector: LLVM loads their broadcasts again)
+        return reduction
+    if rows * width + rows + innermost.size - 1 + width <= registers:
+        return reduction
     return [reduction[k] for k in sorted(range(len(sizes)), key=lambda k: stage.summation[k].name not in taps)]
 
 
