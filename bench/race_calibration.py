@@ -20,9 +20,9 @@ settling's ``SETTLE_S``). The kinds of change, in turn:
   up nearest to F of a run; the program is the change, a saving of that size.
 
 Prints each trial's races and verdict and, per kind, how many changes were taken and how many
-first races' intervals lay below 1, below the settling's margin and above 1, with the range of
-their medians; adds (or updates) one row per directory name and CPU in
-bench/results/race_calibration.json.
+first races' intervals lay below 1, below the settling's margin and above 1, and how many were
+undecided with their medians below the margin (raced again), with the range of their medians;
+adds (or updates) one row per directory name and CPU in bench/results/race_calibration.json.
 """
 
 from __future__ import annotations
@@ -70,13 +70,15 @@ def run_again(program, fraction: float, run_seconds: float, most: int = 8):
 
 def summary(settled: list[tuple[bool, list]]) -> dict:
     """How many changes the settling took, and how many of its first races' intervals (low,
-    median, high) lay below 1, below the margin, above 1."""
+    median, high) lay below 1, below the margin, above 1, or reached past 1 with the median
+    below the margin (undecided: raced again)."""
     ratios = [raced[0] for _, raced in settled]
     return {
         "races": len(ratios),
         "taken": sum(taken for taken, _ in settled),
         "below_1": sum(high < 1 for _, _, high in ratios),
         "below_margin": sum(high < 1 - SETTLE_MARGIN for _, _, high in ratios),
+        "undecided": sum(high >= 1 and median < 1 - SETTLE_MARGIN for _, median, high in ratios),
         "above_1": sum(low > 1 for low, _, _ in ratios),
         "medians": [round(min(m for _, m, _ in ratios), 4), round(max(m for _, m, _ in ratios), 4)],
         "ratios": [[round(x, 4) for r in raced for x in r] for _, raced in settled],

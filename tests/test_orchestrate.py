@@ -390,12 +390,17 @@ def test_the_blp_plan_is_taken_into_the_greedy_one_where_whole_runs_say_so(tmp_p
         ([(0.99, 1.0, 1.01)], False),  # not below 1: not taken, not raced again
         ([(0.99, 0.997, 0.999), (0.99, 0.996, 0.998)], True),  # below 1 by less, twice
         ([(0.99, 0.997, 0.999), (0.995, 1.0, 1.005)], False),  # below 1 by less, then not
+        ([(0.99, 0.997, 1.002)], False),  # undecided, its median within the margin: not raced again
+        ([(0.97, 0.98, 1.003), (0.98, 0.99, 0.998)], True),  # undecided, its median beyond: again, below 1
+        ([(0.97, 0.98, 1.003), (0.97, 0.98, 1.001)], False),  # undecided twice: not taken
     ],
 )
 def test_a_change_surely_faster_by_less_than_the_margin_is_raced_again(races, taken):
     """``surely_faster`` takes a change whose race puts it below 1 by more than
-    ``SETTLE_MARGIN``; below 1 by less, only where a second race puts it below 1 too, and a
-    change not below 1 is not raced again. Returns the ratios of the races it ran."""
+    ``SETTLE_MARGIN``; below 1 by less, only where a second race puts it below 1 too. A change
+    not below 1 is not raced again, unless the race's median lay below 1 by more than the
+    margin (the race ended undecided): then a second race decides. Returns the ratios of the
+    races it ran."""
     program = parse_program("Y = L i:4 ; 2 * X[i]\nreturn Y", {"X": (4,)})
     asked = iter(races)
 
