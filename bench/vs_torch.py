@@ -42,7 +42,7 @@ from codegen.measure import race_in_turns  # noqa: E402
 from codegen.program import in_place_times, outside_kernels  # noqa: E402
 from rewriter import derive, evaluate  # noqa: E402
 from rewriter.cases import CASES  # noqa: E402
-from rewriter.pipeline import optimize_program, orchestrate_program  # noqa: E402
+from rewriter.pipeline import optimize_program, orchestrate_program, runners_up_raced  # noqa: E402
 
 WEIGHTS = {"conv3x3": ("K",), "convtranspose": ("K",), "conv5x5": ("K",), "g2bmm": ()}
 
@@ -111,11 +111,14 @@ def write_rows(out: Path, rows: list) -> None:
 
 
 def greedy_and_orchestrated(program, weights, **options) -> tuple[dict, dict]:
-    """A whole program optimized once (derived and stitched), then orchestrated both ways from
-    the same stitched kernels: Korch's BLP ("blp", what ``optimize_program`` does by default) and
-    the greedy baseline ("greedy"). Returns the two programs and the seconds each step took."""
+    """A whole program optimized once (derived, stitched, its subprograms raced against their
+    runners-up where they run), then orchestrated both ways from the same kernels: Korch's BLP
+    ("blp", what ``optimize_program`` does by default) and the greedy baseline ("greedy"), so
+    that the two differ in their orchestration alone. Returns the two programs and the seconds
+    each step took."""
     start = time.perf_counter()
     stitched = optimize_program(program, weights, orchestration="none", **options)
+    stitched = runners_up_raced(stitched, options.get("backend", "cpu"))
     seconds = {"derive": time.perf_counter() - start}
     programs = {}
     for method in ("blp", "greedy"):

@@ -15,7 +15,7 @@ plugs in without touching the pipeline:
 
 A program is callable on named inputs (``program(**inputs) -> array``) and has ``kernels``,
 ``cost`` (seconds per run) and ``timings()`` (each kernel with its measured seconds).
-``stitch`` and ``orchestrate`` serve the program-level optimizer (OLLIE Algorithm 1, Korch).
+``stitch``, ``race_runners_up`` and ``orchestrate`` serve the program-level optimizer (OLLIE Algorithm 1, Korch).
 """
 
 from __future__ import annotations
@@ -96,13 +96,22 @@ class CpuBackend:
     def stitch(self, parts, inputs: Mapping[str, tuple[int, ...]]) -> CompiledProgram:
         return stitch(parts, inputs)
 
+    def race_runners_up(
+        self, program: CompiledProgram, alternatives: Mapping[str, Sequence[CompiledProgram]], ends: set[str]
+    ) -> tuple[CompiledProgram, int]:
+        """The stitched program with each subprogram (its kernels up to one of ``ends``) raced
+        where it runs against its runners-up (``alternatives``: subprogram output -> programs),
+        a runner-up taken where whole runs are faster with it (``race_runners_up``); and how
+        many were taken. Done once before orchestration, so that every orchestration method
+        starts from the same kernels."""
+        return race_runners_up(program, alternatives, ends)
+
     def orchestrate(
         self,
         program: CompiledProgram,
         required: set[str],
         boundaries: set[str],
         method: str = "blp",
-        alternatives: Mapping[str, Sequence[CompiledProgram]] | None = None,
         **limits,
     ) -> tuple[CompiledProgram, Orchestration]:
         """Which primitives of a stitched program share a kernel: the greedy fusion across
@@ -112,17 +121,13 @@ class CpuBackend:
         greedy plan region by region where whole runs say so (``settled``), its program then
         raced end to end against the greedy one's and kept where its whole runs are faster
         beyond doubt (``faster_end_to_end``); the greedy plan's fusions are likewise taken into
-        the stitched kernels where whole runs say so. The stitched
-        program's subprograms are first raced where they run against their runners-up
-        (``race_runners_up``, ``alternatives``); each plan is raced where its program runs
-        (``race_shared_in_place``), and checked against the stitched program on the same
+        the stitched kernels where whole runs say so. Each plan is raced where its program runs
+        (``race_shared_in_place``), and checked against the program as given on the same
         inputs (``agreeing``): a plan that computes something else is left out, and where none
-        is left the stitched program is returned as it is. The stitched program as given runs
-        in the end-to-end race too ("none"): each of those races decides slot by slot on noisy
-        samples, and their choices together may make the program slower than it was."""
+        is left the program is returned as it is. The program as given runs in the end-to-end
+        race too ("none"): each of those races decides slot by slot on noisy samples, and their
+        choices together may make the program slower than it was."""
         start = time.perf_counter()
-        stitched = program
-        program, taken = race_runners_up(program, alternatives or {}, boundaries | required)
         greedy = fuse_boundaries(program, boundaries, self.db, self.tune)
         plans = {"greedy": settled(program, race_shared_in_place(program, *greedy), (program, Orchestration("none")))}
         if "time_limit" in limits and limits["time_limit"] is not None:  # the greedy pass took its share
@@ -131,11 +136,9 @@ class CpuBackend:
             blp = orchestrate(program, required, self.db, self.tune, seeds=fused_kernels(*greedy), **limits)
             plans = {"blp": settled(program, race_shared_in_place(program, *blp), plans["greedy"])} | plans
         checked = agreeing(plans, program, required)
-        if not checked:  # no plan computes what its kernels compute apart: those kernels, as stitched
-            return program, Orchestration("none", figures={"disagreed": sorted(plans), "runners_up_in_place": taken})
-        kept, plan = faster_end_to_end(checked | {"none": (stitched, Orchestration("none"))})
-        plan.figures["runners_up_in_place"] = taken
-        return kept, plan
+        if not checked:  # no plan computes what its kernels compute apart: those kernels, as given
+            return program, Orchestration("none", figures={"disagreed": sorted(plans)})
+        return faster_end_to_end(checked | {"none": (program, Orchestration("none"))})
 
 
 @dataclass

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from codegen.backend import CpuBackend
 from rewriter import evaluate, parse_program
 from rewriter.ir import distinct_scopes, tensor_shapes
 from rewriter.lower import match_operator
@@ -17,6 +18,8 @@ from rewriter.pipeline import (
     load_optimized,
     merge_parallel,
     optimize_program,
+    orchestrate_program,
+    runners_up_raced,
 )
 from rewriter.pipeline.program import _faster_layout
 
@@ -43,6 +46,41 @@ def test_activations_fuse_and_equal_subprograms_are_searched_once_with_their_own
     optimized.save(tmp_path / "saved")
     np.testing.assert_allclose(load_optimized(tmp_path / "saved")(X=x), want, rtol=1e-4, atol=1e-4)
     assert not (tmp_path / "saved.partial").exists()
+
+
+def test_runners_up_are_raced_once_and_both_orchestrations_start_from_their_choice(tmp_path, monkeypatch):
+    """The stitched program keeps each subprogram's runners-up; ``runners_up_raced`` races them
+    where the program runs (the backend's race, once) and drops them, so orchestrating the result
+    by the BLP and by the greedy pass races none again: the two plans differ in their
+    orchestration alone. Orchestrating a program whose runners-up are still there races them
+    first. Every program computes the model."""
+    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "cache"))
+    shapes = {"X": (6, 5), "W1": (5, 5), "W2": (5, 5)}
+    program = parse_program(
+        "H = L i:6, j:5 ; S k:5 ; X[i, k] * W1[k, j]\n"
+        "R = L i:6, j:5 ; relu(H[i, j])\n"
+        "Y = L i:6, j:5 ; S k:5 ; R[i, k] * W2[k, j]\n"
+        "return Y",
+        shapes,
+    )
+    rng = np.random.default_rng(0)
+    weights = {"W1": rng.standard_normal((5, 5)), "W2": rng.standard_normal((5, 5))}
+    raced, race = [], CpuBackend.race_runners_up
+    monkeypatch.setattr(CpuBackend, "race_runners_up", lambda self, *args: raced.append(args[1]) or race(self, *args))
+    stitched = optimize_program(program, weights, max_depth=1, orchestration="none", layout="as written")
+    assert stitched.alternatives and not raced  # not orchestrated: runners-up kept, not raced
+    chosen = runners_up_raced(stitched)
+    assert raced == [stitched.alternatives] and chosen.alternatives == {}
+    taken = chosen.orchestration.figures["runners_up_in_place"]
+    x = rng.standard_normal((6, 5))
+    want = evaluate(program, {"X": x, **weights})
+    for method in ("blp", "greedy"):
+        orchestrated = orchestrate_program(chosen, method)
+        assert orchestrated.orchestration.figures["runners_up_in_place"] == taken
+        np.testing.assert_allclose(orchestrated(X=x), want, rtol=1e-4, atol=1e-4)
+    assert len(raced) == 1
+    np.testing.assert_allclose(orchestrate_program(stitched, "greedy")(X=x), want, rtol=1e-4, atol=1e-4)
+    assert len(raced) == 2
 
 
 def test_definitions_of_weights_alone_are_evaluated_once_and_read_as_weights(tmp_path, monkeypatch):

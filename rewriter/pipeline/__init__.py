@@ -14,6 +14,7 @@ from .program import (
     merge_parallel,
     optimize_program,
     orchestrate_program,
+    runners_up_raced,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "merge_parallel",
     "optimize_program",
     "orchestrate_program",
+    "runners_up_raced",
 ]

@@ -519,24 +519,47 @@ def _optimized(
         return stitched, True
 
 
+def runners_up_raced(optimized: OptimizedProgram, backend: str | Backend = "cpu") -> OptimizedProgram:
+    """``optimized`` with each subprogram raced where the program runs it against its runners-up
+    (``alternatives``: the derivation's next cheapest candidates of other kernel structures)
+    and a runner-up taken where whole runs are faster with it (``backend.race_runners_up``);
+    how many were taken is the figure ``runners_up_in_place``. The step before orchestration
+    (``orchestrate_program`` takes it where the alternatives are still there): raced once, the
+    BLP and the greedy plan start from the same kernels. Each subprogram is still whole here
+    (fused across a boundary, its last kernel would no longer be one a runner-up replaces)."""
+    if not optimized.alternatives:
+        return optimized
+    backend = as_backend(backend)
+    ends = {s.name for s in optimized.subprograms} | set(optimized.outputs)
+    program, taken = backend.race_runners_up(optimized.program, optimized.alternatives, ends)
+    figures = optimized.orchestration.figures | {"runners_up_in_place": taken}
+    return replace(
+        optimized, program=program, orchestration=replace(optimized.orchestration, figures=figures), alternatives={}
+    )
+
+
 def orchestrate_program(
     optimized: OptimizedProgram, method: str = "blp", backend: str | Backend = "cpu", time_limit: float | None = None
 ) -> OptimizedProgram:
     """``optimized`` with its kernels orchestrated again (``optimize_program``'s last step):
     "blp", Korch's binary linear program over candidate kernels measured within
-    ``time_limit``, or "greedy", eOperators fused across subprogram boundaries pair by pair."""
+    ``time_limit``, or "greedy", eOperators fused across subprogram boundaries pair by pair.
+    Its subprograms' runners-up are raced first where they still are (``runners_up_raced``)."""
     if method not in ("blp", "greedy"):
         raise ExpressionError(f"unknown orchestration {method!r}; known: blp, greedy")
     backend = as_backend(backend)
+    optimized = runners_up_raced(optimized, backend)
     outputs = set(optimized.outputs)
     boundaries = {s.name for s in optimized.subprograms} - outputs
     limits = {"time_limit": time_limit} if method == "blp" and time_limit is not None else {}
-    program, plan = backend.orchestrate(
-        optimized.program, outputs, boundaries, method, alternatives=optimized.alternatives, **limits
-    )
-    layouts = {k: v for k, v in optimized.orchestration.figures.items() if k == "layout" or k.startswith("layouts_")}
-    plan = replace(plan, figures=plan.figures | layouts)  # which layout the program was kept in
-    return replace(optimized, program=program, orchestration=plan, alternatives={})
+    program, plan = backend.orchestrate(optimized.program, outputs, boundaries, method, **limits)
+    # which layout the program was kept in, and how many runners-up it took
+    kept = {
+        k: v
+        for k, v in optimized.orchestration.figures.items()
+        if k in ("layout", "runners_up_in_place") or k.startswith("layouts_")
+    }
+    return replace(optimized, program=program, orchestration=replace(plan, figures=plan.figures | kept))
 
 
 def _subprogram(
