@@ -10,7 +10,8 @@ Each model is built from the ``transformers`` library's own definition with its 
 size) configuration and random weights (no downloads), exported with ``torch.onnx.export``
 (opset 17), imported with ``load_onnx`` and optimized with ``optimize_program`` (the path of
 ``rewriter optimize``), its kernels orchestrated both by Korch's BLP (the default: "optimized")
-and by the greedy baseline ("greedy") from the same derivations. All five are checked against
+and by the greedy baseline ("greedy": the plan the BLP's was settled on) from one set of plans
+(``vs_torch.greedy_and_orchestrated``). All five are checked against
 onnxruntime's output, then timed in one process, interleaved round by round
 (``vs_torch.interleaved``), in float32: onnxruntime with 2 intra-op threads and spinning off,
 PyTorch under ``no_grad``. Adds (or replaces) one row per model, ``--tune`` (TVM schedules

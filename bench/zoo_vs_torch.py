@@ -12,7 +12,8 @@ with the idle settings of bench/vs_torch.py. Adds (or replaces) one row per mode
 (``codegen.measure.cpu_model``) in bench/results/zoo_vs_torch.json (zoo_vs_torch_small.json
 with --small), with the optimized program's kernel medians summed (``vs_torch.kernel_sums``)
 and a whole run's time over them in the run after it (``whole_over_kernels``), and the greedy
-program's and torch.compile's time over ours taken a moment apart, round by round
+program's (the plan the BLP's was settled on, ``vs_torch.greedy_and_orchestrated``) and
+torch.compile's time over ours taken a moment apart, round by round
 (``vs_greedy_paired``, ``vs_torch_compile_paired``: the median ratio and the interval that
 holds the true one at 95%, ``vs_torch.paired``).
 """

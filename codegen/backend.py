@@ -15,7 +15,8 @@ plugs in without touching the pipeline:
 
 A program is callable on named inputs (``program(**inputs) -> array``) and has ``kernels``,
 ``cost`` (seconds per run) and ``timings()`` (each kernel with its measured seconds).
-``stitch``, ``race_runners_up`` and ``orchestrate`` serve the program-level optimizer (OLLIE Algorithm 1, Korch).
+``stitch``, ``race_runners_up`` and ``orchestrations`` serve the program-level optimizer (OLLIE Algorithm
+1, Korch).
 """
 
 from __future__ import annotations
@@ -106,39 +107,41 @@ class CpuBackend:
         starts from the same kernels."""
         return race_runners_up(program, alternatives, ends)
 
-    def orchestrate(
+    def orchestrations(
         self,
         program: CompiledProgram,
         required: set[str],
         boundaries: set[str],
-        method: str = "blp",
+        methods: Sequence[str] = ("blp", "greedy"),
         **limits,
-    ) -> tuple[CompiledProgram, Orchestration]:
-        """Which primitives of a stitched program share a kernel: the greedy fusion across
-        subprogram ``boundaries`` ("greedy"), or Korch's BLP over measured candidates ("blp",
-        ``limits``: ``max_primitives``, ``time_limit``) that include the greedy plan's fused
-        kernels (within what ``time_limit`` leaves after the greedy pass), taken into the
-        greedy plan region by region where whole runs say so (``settled``), its program then
-        raced end to end against the greedy one's and kept where its whole runs are faster
-        beyond doubt (``faster_end_to_end``); the greedy plan's fusions are likewise taken into
-        the stitched kernels where whole runs say so. Each plan is raced where its program runs
-        (``race_shared_in_place``), and checked against the program as given on the same
-        inputs (``agreeing``): a plan that computes something else is left out, and where none
-        is left the program is returned as it is. The program as given runs in the end-to-end
-        race too ("none"): each of those races decides slot by slot on noisy samples, and their
-        choices together may make the program slower than it was."""
+    ) -> dict[str, tuple[CompiledProgram, Orchestration]]:
+        """Which primitives of a stitched program share a kernel, by each of ``methods``, from
+        one set of plans: the greedy fusion across subprogram ``boundaries`` ("greedy"), and
+        Korch's BLP over measured candidates ("blp", ``limits``: ``max_primitives``,
+        ``time_limit``) that include the greedy plan's fused kernels (within what
+        ``time_limit`` leaves after the greedy pass), taken into the greedy plan region by
+        region where whole runs say so (``settled``); the greedy plan's fusions are likewise
+        taken into the program as given. Each plan is raced where its program runs
+        (``race_shared_in_place``) and checked against the program as given on the same inputs
+        (``agreeing``): a plan that computes something else is left out, and where none is left
+        the program is returned as it is. The plans are then raced end to end in one race
+        (``faster_end_to_end``), the program as given ("none") with them: each of the races
+        before decides slot by slot on noisy samples, and their choices together may make the
+        program slower than it was. Each method keeps its own plan or one it was settled on,
+        whichever whole runs find faster beyond doubt; so the BLP's program and the greedy one
+        differ in what the BLP adds alone."""
         start = time.perf_counter()
         greedy = fuse_boundaries(program, boundaries, self.db, self.tune)
         plans = {"greedy": settled(program, race_shared_in_place(program, *greedy), (program, Orchestration("none")))}
         if "time_limit" in limits and limits["time_limit"] is not None:  # the greedy pass took its share
             limits["time_limit"] = max(0.0, limits["time_limit"] - (time.perf_counter() - start))
-        if method == "blp":  # the greedy plan's fused kernels among the BLP's candidates
+        if "blp" in methods:  # the greedy plan's fused kernels among the BLP's candidates
             blp = orchestrate(program, required, self.db, self.tune, seeds=fused_kernels(*greedy), **limits)
             plans = {"blp": settled(program, race_shared_in_place(program, *blp), plans["greedy"])} | plans
         checked = agreeing(plans, program, required)
         if not checked:  # no plan computes what its kernels compute apart: those kernels, as given
-            return program, Orchestration("none", figures={"disagreed": sorted(plans)})
-        return faster_end_to_end(checked | {"none": (program, Orchestration("none"))})
+            return {m: (program, Orchestration("none", figures={"disagreed": sorted(plans)})) for m in methods}
+        return faster_end_to_end(checked | {"none": (program, Orchestration("none"))}, methods)
 
 
 @dataclass

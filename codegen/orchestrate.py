@@ -508,30 +508,50 @@ def fuse_boundaries(
     return greedy, Orchestration("greedy", list(shared.values()), {}, {"fusions": len(log)})
 
 
+# the plans each orchestration method may keep, its own first: the BLP's plan is settled on the
+# greedy one, the greedy one on the kernels as given ("none")
+KEEPS = {"blp": ("blp", "greedy", "none"), "greedy": ("greedy", "none")}
+
+
 def faster_end_to_end(
     plans: Mapping[str, tuple[CompiledProgram, Orchestration]],
+    methods: Sequence[str] = ("blp",),
     baseline: str = "greedy",
     race: Callable[[Mapping[str, CompiledProgram], str], Race] = race_whole,
-) -> tuple[CompiledProgram, Orchestration]:
-    """Of several orchestrated programs (by method name), the one whose whole runs measure
-    faster than ``baseline``'s (``race``: ``race_whole``, the programs in turns, each against
-    the baseline in the same round), the fastest such; the baseline where none does (it is
-    the plan a program would otherwise have: a plan one cannot tell from it is not worth its
-    risk). Programs with the same kernels are one program, run as the first named. The plans'
-    own figures sum kernels timed apart, which a program's time is not (its kernels find each
-    other's data in the caches, or evict it): this is the choice as the program runs. The
-    kept plan's figures gain the others' (the BLP's size and solve time where the greedy plan
-    is kept) and, where programs were raced, the race's (``race_figures``)."""
+) -> dict[str, tuple[CompiledProgram, Orchestration]]:
+    """For each of ``methods``, of the orchestrated programs it may keep (``KEEPS``; ``plans``
+    by name), the one whose whole runs measure faster than ``baseline``'s (``race``:
+    ``race_whole``, the programs in turns, each against the baseline in the same round), the
+    fastest such; the baseline where none does (it is the plan a program would otherwise have:
+    a plan one cannot tell from it is not worth its risk). One race serves every method, so
+    the BLP and the greedy method decide on the same rounds. Programs with the same kernels
+    are one program, raced once. The plans' own figures sum kernels timed apart, which a
+    program's time is not (its kernels find each other's data in the caches, or evict it):
+    this is the choice as the program runs. A kept plan's figures gain those of the plans its
+    method weighed (the BLP's size and solve time where the greedy plan is kept) and, where
+    programs were raced, the race's (``race_figures``)."""
     distinct: dict[str, CompiledProgram] = {}
     alias = {}
     for method, (program, _) in plans.items():
         alias[method] = next((name for name, other in distinct.items() if _same_kernels(program, other)), method)
         distinct.setdefault(alias[method], program)
-    raced = race(distinct, alias.get(baseline, next(iter(distinct)))) if len(distinct) > 1 else None
-    kept = raced.fastest if raced else next(iter(plans))
-    program, plan = plans[kept]
-    figures = {key: value for _, other in plans.values() for key, value in other.figures.items()} | plan.figures
-    return program, replace(plan, figures=figures | (race_figures(raced, "end_to_end") if raced else {}))
+    base = alias.get(baseline, next(iter(distinct)))
+    raced = race(distinct, base) if len(distinct) > 1 else None
+    kept = {}
+    for method in methods:
+        weighed = [name for name in KEEPS[method] if name in plans]
+        faster = [name for name in weighed if raced and raced.ratios[alias[name]][2] < 1]
+        # none surely faster: the baseline's program, under the first name it has here (its own first)
+        name = min(faster, key=lambda n: raced.ratios[alias[n]][1]) if faster else _first(weighed, alias, base)
+        program, plan = plans[name]
+        figures = {key: value for n in weighed for key, value in plans[n][1].figures.items()} | plan.figures
+        kept[method] = program, replace(plan, figures=figures | (race_figures(raced, "end_to_end") if raced else {}))
+    return kept
+
+
+def _first(weighed: list[str], alias: dict[str, str], program: str) -> str:
+    """The first of ``weighed`` that is ``program`` (by its alias), else the first of them."""
+    return next((name for name in weighed if alias[name] == program), weighed[0])
 
 
 SETTLE_RACES = 8  # at most: groups of regions raced whole (the BLP's largest estimated savings first)

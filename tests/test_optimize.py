@@ -19,6 +19,7 @@ from rewriter.pipeline import (
     merge_parallel,
     optimize_program,
     orchestrate_program,
+    orchestrations,
     runners_up_raced,
 )
 from rewriter.pipeline.program import _faster_layout
@@ -48,12 +49,12 @@ def test_activations_fuse_and_equal_subprograms_are_searched_once_with_their_own
     assert not (tmp_path / "saved.partial").exists()
 
 
-def test_runners_up_are_raced_once_and_both_orchestrations_start_from_their_choice(tmp_path, monkeypatch):
+def test_runners_up_are_raced_once_and_both_orchestrations_come_from_one_set_of_plans(tmp_path, monkeypatch):
     """The stitched program keeps each subprogram's runners-up; ``runners_up_raced`` races them
-    where the program runs (the backend's race, once) and drops them, so orchestrating the result
-    by the BLP and by the greedy pass races none again: the two plans differ in their
-    orchestration alone. Orchestrating a program whose runners-up are still there races them
-    first. Every program computes the model."""
+    where the program runs (the backend's race, once) and drops them. ``orchestrations`` then
+    makes the BLP's program and the greedy one from one set of plans, racing no runner-up
+    again: the two differ in their orchestration alone. Orchestrating a program whose
+    runners-up are still there races them first. Every program computes the model."""
     monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "cache"))
     shapes = {"X": (6, 5), "W1": (5, 5), "W2": (5, 5)}
     program = parse_program(
@@ -67,20 +68,27 @@ def test_runners_up_are_raced_once_and_both_orchestrations_start_from_their_choi
     weights = {"W1": rng.standard_normal((5, 5)), "W2": rng.standard_normal((5, 5))}
     raced, race = [], CpuBackend.race_runners_up
     monkeypatch.setattr(CpuBackend, "race_runners_up", lambda self, *args: raced.append(args[1]) or race(self, *args))
+    planned, plans = [], CpuBackend.orchestrations
+    monkeypatch.setattr(
+        CpuBackend, "orchestrations", lambda self, *args, **kw: planned.append(args) or plans(self, *args, **kw)
+    )
     stitched = optimize_program(program, weights, max_depth=1, orchestration="none", layout="as written")
     assert stitched.alternatives and not raced  # not orchestrated: runners-up kept, not raced
     chosen = runners_up_raced(stitched)
     assert raced == [stitched.alternatives] and chosen.alternatives == {}
     taken = chosen.orchestration.figures["runners_up_in_place"]
+    both = orchestrations(chosen)
+    assert list(both) == ["blp", "greedy"] and len(planned) == 1 and len(raced) == 1
     x = rng.standard_normal((6, 5))
     want = evaluate(program, {"X": x, **weights})
-    for method in ("blp", "greedy"):
-        orchestrated = orchestrate_program(chosen, method)
+    for method, orchestrated in both.items():
+        assert orchestrated.orchestration.method in (
+            {"blp", "greedy", "none"} if method == "blp" else {"greedy", "none"}
+        )
         assert orchestrated.orchestration.figures["runners_up_in_place"] == taken
         np.testing.assert_allclose(orchestrated(X=x), want, rtol=1e-4, atol=1e-4)
-    assert len(raced) == 1
     np.testing.assert_allclose(orchestrate_program(stitched, "greedy")(X=x), want, rtol=1e-4, atol=1e-4)
-    assert len(raced) == 2
+    assert len(raced) == 2 and planned[-1][3] == ("greedy",)
 
 
 def test_definitions_of_weights_alone_are_evaluated_once_and_read_as_weights(tmp_path, monkeypatch):

@@ -578,9 +578,11 @@ def test_the_blp_plan_is_kept_where_its_whole_runs_are_surely_faster_than_the_gr
     greedy = (program, orchestrate_module.Orchestration("greedy", figures={"fusions": 0}))
     asked = []
     race = _raced({"blp": blp_s, "greedy": 0.001}, asked)
-    kept, plan = orchestrate_module.faster_end_to_end({"blp": blp, "greedy": greedy}, race=race)
+    kept = orchestrate_module.faster_end_to_end({"blp": blp, "greedy": greedy}, ("blp", "greedy"), race=race)
+    assert kept["greedy"][0] is program and kept["greedy"][1].method == "greedy"  # its own: nothing it weighs is faster
+    kept, plan = kept["blp"]
     faster = "blp" if blp_s == 0.0005 else "greedy"
-    assert asked == [(["blp", "greedy"], "greedy")]
+    assert asked == [(["blp", "greedy"], "greedy")]  # one race for both methods
     assert kept is {"blp": blp, "greedy": greedy}[faster][0] and plan.method == faster
     assert plan.figures["end_to_end_ms"] == {"blp": round(blp_s * 1e3, 3), "greedy": 1.0}
     assert plan.figures["end_to_end_vs"]["blp"][1] == round(blp_s / 0.001, 4)
@@ -588,8 +590,11 @@ def test_the_blp_plan_is_kept_where_its_whole_runs_are_surely_faster_than_the_gr
     assert plan.figures["variables"] == blp[1].figures["variables"] and plan.figures["fusions"] == 0
     assert f"kept the {faster} plan" in plan.describe() and "8 rounds in turns" in plan.describe()
     same = (replace(program), orchestrate_module.Orchestration("greedy"))
-    kept, plan = orchestrate_module.faster_end_to_end({"blp": (program, blp[1]), "greedy": same}, race=None)
-    assert kept is program and plan.method == "blp" and "end_to_end_ms" not in plan.figures
+    kept = orchestrate_module.faster_end_to_end(
+        {"blp": (program, blp[1]), "greedy": same}, ("blp", "greedy"), race=None
+    )
+    assert [(kept[m][0], kept[m][1].method) for m in kept] == [(program, "blp"), (same[0], "greedy")]
+    assert "end_to_end_ms" not in kept["blp"][1].figures
 
 
 def test_whole_runs_are_raced_on_zeros_each_against_the_baseline(tmp_path):
@@ -631,9 +636,11 @@ def test_the_kernels_as_stitched_are_kept_where_every_plan_runs_slower_whole(tmp
     asked = []
     race = _raced({method: 0.001 if method == faster else 0.002 for method in ("blp", "none")}, asked)
     monkeypatch.setattr(
-        backend_module, "faster_end_to_end", lambda plans: orchestrate_module.faster_end_to_end(plans, race=race)
+        backend_module,
+        "faster_end_to_end",
+        lambda plans, methods: orchestrate_module.faster_end_to_end(plans, methods, race=race),
     )
-    kept, plan = CpuBackend(db=db).orchestrate(program, {"B"}, {"A"})
+    kept, plan = CpuBackend(db=db).orchestrations(program, {"B"}, {"A"}, ("blp",))["blp"]
     assert asked == [(["blp", "none"], "blp")]  # the greedy program is the BLP's: raced once, as the baseline
     assert plan.method == faster and len(kept.steps) == {"blp": 1, "none": 2}[faster]
     assert plan.figures["end_to_end_ms"] == {

@@ -14,6 +14,7 @@ from .program import (
     merge_parallel,
     optimize_program,
     orchestrate_program,
+    orchestrations,
     runners_up_raced,
 )
 
@@ -29,5 +30,6 @@ __all__ = [
     "merge_parallel",
     "optimize_program",
     "orchestrate_program",
+    "orchestrations",
     "runners_up_raced",
 ]

@@ -12,7 +12,7 @@ names ``ARG0, ARG1, ...`` and fingerprinted. The best program of every subprogra
 into one compiled program over the model's tensors, whose kernels are then orchestrated (Korch):
 candidate kernels of several eOperators are compiled and measured, and a binary linear program
 chooses which primitives share a kernel, computing one twice where that saves time
-(``backend.orchestrate``; the greedy baseline, OLLIE 5.4's fusion of an eOperator into the one
+(``backend.orchestrations``; the greedy baseline, OLLIE 5.4's fusion of an eOperator into the one
 that alone reads it across subprograms, is ``orchestration="greedy"``). Ctrl-C or the time
 budget stops the search; the subprograms not reached yet run as their identity kernel, so a
 result is always written. An opaque definition
@@ -381,7 +381,7 @@ def optimize_program(
     as written and keeps the blocked one where its whole runs measure faster, "blocked" or "as written"
     only one), derive every definition of ``program`` (``weights``: the
     constant inputs, bound into the compiled programs), deduplicated, stitch the best programs
-    into one, and orchestrate its kernels (``backend.orchestrate``: ``orchestration`` "blp",
+    into one, and orchestrate its kernels (``backend.orchestrations``: ``orchestration`` "blp",
     Korch's binary linear program over measured candidate kernels, or "greedy", eOperators
     fused across subprogram boundaries pair by pair where that measures faster; "none" keeps
     the stitched kernels). ``time_limit`` bounds the whole search,
@@ -395,7 +395,7 @@ def optimize_program(
         raise ExpressionError(f"unknown orchestration {orchestration!r}; known: blp, greedy, none")
     if layout not in ("auto", "blocked", "as written"):
         raise ExpressionError(f"unknown layout {layout!r}; known: auto, blocked, as written")
-    if not (hasattr(backend, "stitch") and hasattr(backend, "orchestrate")):
+    if not (hasattr(backend, "stitch") and hasattr(backend, "orchestrations")):
         raise ExpressionError(
             f"optimize_program() stitches compiled programs: backend {backend.name!r} compiles none (use 'cpu')"
         )
@@ -543,23 +543,47 @@ def orchestrate_program(
 ) -> OptimizedProgram:
     """``optimized`` with its kernels orchestrated again (``optimize_program``'s last step):
     "blp", Korch's binary linear program over candidate kernels measured within
-    ``time_limit``, or "greedy", eOperators fused across subprogram boundaries pair by pair.
-    Its subprograms' runners-up are raced first where they still are (``runners_up_raced``)."""
-    if method not in ("blp", "greedy"):
-        raise ExpressionError(f"unknown orchestration {method!r}; known: blp, greedy")
+    ``time_limit``, or "greedy", eOperators fused across subprogram boundaries pair by pair
+    (``orchestrations``)."""
+    if method not in ORCHESTRATIONS:
+        raise ExpressionError(f"unknown orchestration {method!r}; known: {', '.join(ORCHESTRATIONS)}")
+    return orchestrations(optimized, (method,), backend, time_limit)[method]
+
+
+ORCHESTRATIONS = ("blp", "greedy")
+
+
+def orchestrations(
+    optimized: OptimizedProgram,
+    methods: Sequence[str] = ORCHESTRATIONS,
+    backend: str | Backend = "cpu",
+    time_limit: float | None = None,
+) -> dict[str, OptimizedProgram]:
+    """``optimized`` orchestrated by each of ``methods`` from one set of plans
+    (``backend.orchestrations``): the greedy plan, and the BLP's settled on it, its candidates
+    measured within ``time_limit``; each method keeps its own plan or one it was settled on,
+    on the same end-to-end race. So the BLP's program and the greedy one differ in what the
+    BLP adds alone. Its subprograms' runners-up are raced first where they still are
+    (``runners_up_raced``)."""
+    unknown = [m for m in methods if m not in ORCHESTRATIONS]
+    if unknown or not methods:
+        raise ExpressionError(f"unknown orchestration {unknown or methods!r}; known: {', '.join(ORCHESTRATIONS)}")
     backend = as_backend(backend)
     optimized = runners_up_raced(optimized, backend)
     outputs = set(optimized.outputs)
     boundaries = {s.name for s in optimized.subprograms} - outputs
-    limits = {"time_limit": time_limit} if method == "blp" and time_limit is not None else {}
-    program, plan = backend.orchestrate(optimized.program, outputs, boundaries, method, **limits)
+    limits = {"time_limit": time_limit} if "blp" in methods and time_limit is not None else {}
+    kept = backend.orchestrations(optimized.program, outputs, boundaries, methods, **limits)
     # which layout the program was kept in, and how many runners-up it took
-    kept = {
+    carried = {
         k: v
         for k, v in optimized.orchestration.figures.items()
         if k in ("layout", "runners_up_in_place") or k.startswith("layouts_")
     }
-    return replace(optimized, program=program, orchestration=replace(plan, figures=plan.figures | kept))
+    return {
+        method: replace(optimized, program=program, orchestration=replace(plan, figures=plan.figures | carried))
+        for method, (program, plan) in kept.items()
+    }
 
 
 def _subprogram(
