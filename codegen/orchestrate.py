@@ -117,7 +117,7 @@ class Orchestration:
         if "apart_in_place" in f:
             lines.append(
                 f"  raced where the program runs: {f['apart_in_place']} shared kernels taken apart,"
-                f" {f['runners_up_in_place']} derived kernels replaced by a runner-up"
+                f" {f.get('runners_up_in_place', 0)} derived kernels replaced by a runner-up"
             )
         for method in ("greedy", "blp"):
             if f"settled_{method}" in f:

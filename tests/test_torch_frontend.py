@@ -387,11 +387,15 @@ def test_training_mode_is_refused():
 
 
 def test_every_supported_op_is_exercised():
+    """Every operator the front-end handles appears in some test module's graph, except those
+    the installed torch's decompositions take apart before the front-end sees them (its
+    handler serves the torch versions that leave them whole)."""
     seen = set()
     for make, *inputs in MODULES.values():
         graph = torch_frontend._export(randomise_batch_norms(make()), inputs).graph
         seen |= {torch_frontend._op_key(node) for node in graph.nodes if node.op == "call_function"}
-    assert set(SUPPORTED_OPS) - seen == set()
+    decomposed = {str(op) for op in torch_frontend._decompositions()}
+    assert set(SUPPORTED_OPS) - seen - decomposed == set()
 
 
 def compiled_runs(monkeypatch):

@@ -143,13 +143,19 @@ def _export(module, example_inputs: Sequence):
     strides than the operator's, and a ``view`` after it that holds in eager mode fails there
     (GPT-2 with more than one sequence)."""
     torch = _import_torch()
-    table = torch.export.default_decompositions()
-    for op in [op for op in table if "scaled_dot_product" in str(op)]:
-        del table[op]
     try:
-        return torch.export.export(module, tuple(example_inputs)).run_decompositions(table)
+        return torch.export.export(module, tuple(example_inputs)).run_decompositions(_decompositions())
     except Exception as err:  # torch.export raises many unrelated types
         raise TorchImportError(f"torch.export fails: {type(err).__name__}: {err}") from None
+
+
+def _decompositions() -> dict:
+    """The decompositions ``_export`` runs: torch's defaults, attention left whole. Which
+    operators they take apart moves with torch's version (``linalg_vector_norm`` since 2.14)."""
+    table = _import_torch().export.default_decompositions()
+    for op in [op for op in table if "scaled_dot_product" in str(op)]:
+        del table[op]
+    return table
 
 
 def _translate(exported) -> Model:
