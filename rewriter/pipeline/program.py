@@ -361,6 +361,9 @@ def _closed(expr: Scope, eager) -> Scope:
     return eager_closure(expr, eager)[0]
 
 
+ORCHESTRATIONS = ("blp", "greedy")  # the methods of ``orchestrations``; "none" keeps the stitched kernels
+
+
 def optimize_program(
     program: Program,
     weights: Mapping[str, np.ndarray],
@@ -391,8 +394,8 @@ def optimize_program(
     if not isinstance(program, Program):
         raise ExpressionError(f"optimize_program() takes a Program, got {type(program).__name__}")
     backend = as_backend(backend)
-    if orchestration not in ("blp", "greedy", "none"):
-        raise ExpressionError(f"unknown orchestration {orchestration!r}; known: blp, greedy, none")
+    if orchestration not in (*ORCHESTRATIONS, "none"):
+        raise ExpressionError(f"unknown orchestration {orchestration!r}; known: {', '.join(ORCHESTRATIONS)}, none")
     if layout not in ("auto", "blocked", "as written"):
         raise ExpressionError(f"unknown layout {layout!r}; known: auto, blocked, as written")
     if not (hasattr(backend, "stitch") and hasattr(backend, "orchestrations")):
@@ -548,9 +551,6 @@ def orchestrate_program(
     if method not in ORCHESTRATIONS:
         raise ExpressionError(f"unknown orchestration {method!r}; known: {', '.join(ORCHESTRATIONS)}")
     return orchestrations(optimized, (method,), backend, time_limit)[method]
-
-
-ORCHESTRATIONS = ("blp", "greedy")
 
 
 def orchestrations(
