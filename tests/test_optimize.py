@@ -25,19 +25,24 @@ from rewriter.pipeline import (
 from rewriter.pipeline.program import _faster_layout
 
 
-def test_activations_fuse_and_equal_subprograms_are_searched_once_with_their_own_weights(tmp_path, monkeypatch):
-    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "cache"))
+def _two_products(relu_last: bool):
+    """X @ W1, its relu, @ W2 (and its relu where ``relu_last``): the program, its weights and
+    the generator that drew them (for inputs)."""
     shapes = {"X": (6, 5), "W1": (5, 5), "W2": (5, 5)}
-    program = parse_program(
+    text = (
         "H = L i:6, j:5 ; S k:5 ; X[i, k] * W1[k, j]\n"
         "R = L i:6, j:5 ; relu(H[i, j])\n"
         "Y = L i:6, j:5 ; S k:5 ; R[i, k] * W2[k, j]\n"
-        "Z = L i:6, j:5 ; relu(Y[i, j])\n"
-        "return Z",
-        shapes,
     )
+    text += "Z = L i:6, j:5 ; relu(Y[i, j])\nreturn Z" if relu_last else "return Y"
     rng = np.random.default_rng(0)
     weights = {"W1": rng.standard_normal((5, 5)), "W2": rng.standard_normal((5, 5))}
+    return parse_program(text, shapes), weights, rng
+
+
+def test_activations_fuse_and_equal_subprograms_are_searched_once_with_their_own_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "cache"))
+    program, weights, rng = _two_products(relu_last=True)
     optimized = optimize_program(program, weights, max_depth=1)
     # each relu joins its matmul (R = relu(X W1), Z = relu(R W2)); the second is the first renamed
     assert [(s.name, s.state) for s in optimized.subprograms] == [("R", "derived"), ("Z", "reused")]
@@ -56,16 +61,7 @@ def test_runners_up_are_raced_once_and_both_orchestrations_come_from_one_set_of_
     again: the two differ in their orchestration alone. Orchestrating a program whose
     runners-up are still there races them first. Every program computes the model."""
     monkeypatch.setenv("REWRITER_CACHE", str(tmp_path / "cache"))
-    shapes = {"X": (6, 5), "W1": (5, 5), "W2": (5, 5)}
-    program = parse_program(
-        "H = L i:6, j:5 ; S k:5 ; X[i, k] * W1[k, j]\n"
-        "R = L i:6, j:5 ; relu(H[i, j])\n"
-        "Y = L i:6, j:5 ; S k:5 ; R[i, k] * W2[k, j]\n"
-        "return Y",
-        shapes,
-    )
-    rng = np.random.default_rng(0)
-    weights = {"W1": rng.standard_normal((5, 5)), "W2": rng.standard_normal((5, 5))}
+    program, weights, rng = _two_products(relu_last=False)
     raced, race = [], CpuBackend.race_runners_up
     monkeypatch.setattr(CpuBackend, "race_runners_up", lambda self, *args: raced.append(args[1]) or race(self, *args))
     planned, plans = [], CpuBackend.orchestrations
