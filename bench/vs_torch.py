@@ -29,6 +29,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+from dataclasses import replace  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -39,7 +40,7 @@ from torch_cases import to_case_layout, torch_version  # noqa: E402
 
 from codegen import CpuBackend, compile_scope  # noqa: E402
 from codegen.measure import race_in_turns  # noqa: E402
-from codegen.program import in_place_times, outside_kernels  # noqa: E402
+from codegen.program import in_one_pool, in_place_times, outside_kernels  # noqa: E402
 from rewriter import derive, evaluate  # noqa: E402
 from rewriter.cases import CASES  # noqa: E402
 from rewriter.pipeline import optimize_program, orchestrations, runners_up_raced  # noqa: E402
@@ -115,8 +116,10 @@ def greedy_and_orchestrated(program, weights, **options) -> tuple[dict, dict]:
     runners-up where they run), then orchestrated both ways from one set of plans
     (``orchestrations``): Korch's BLP ("blp", what ``optimize_program`` does by default) and the
     greedy baseline ("greedy", the plan the BLP's was settled on), each kept on the same
-    end-to-end race; so the two differ in what the BLP adds alone. Returns the two programs and
-    the seconds each step took."""
+    end-to-end race; so the two differ in what the BLP adds alone. The two run in one set of
+    buffers (``in_one_pool``, as ``race_whole`` runs the programs it races), so that their
+    paired rounds compare plans, not where each program's memory happens to lie (DESIGN.md,
+    "Measuring"). Returns the two programs and the seconds each step took."""
     start = time.perf_counter()
     stitched = optimize_program(program, weights, orchestration="none", **options)
     stitched = runners_up_raced(stitched, options.get("backend", "cpu"))
@@ -124,7 +127,8 @@ def greedy_and_orchestrated(program, weights, **options) -> tuple[dict, dict]:
     start = time.perf_counter()
     programs = orchestrations(stitched, ("blp", "greedy"), options.get("backend", "cpu"))
     seconds["orchestrate"] = time.perf_counter() - start
-    return programs, seconds
+    pooled = in_one_pool({method: optimized.program for method, optimized in programs.items()})
+    return {method: replace(optimized, program=pooled[method]) for method, optimized in programs.items()}, seconds
 
 
 # the BLP's figures a row keeps ("started": HiGHS began from the greedy plan)
