@@ -117,9 +117,10 @@ def greedy_and_orchestrated(program, weights, **options) -> tuple[dict, dict]:
     (``orchestrations``): Korch's BLP ("blp", what ``optimize_program`` does by default) and the
     greedy baseline ("greedy", the plan the BLP's was settled on), each kept on the same
     end-to-end race; so the two differ in what the BLP adds alone. The two run in one set of
-    buffers (``in_one_pool``, as ``race_whole`` runs the programs it races), so that their
-    paired rounds compare plans, not where each program's memory happens to lie (DESIGN.md,
-    "Measuring"). Returns the two programs and the seconds each step took."""
+    buffers and read one copy of each laid-out weight (``in_one_pool``, as ``race_whole`` runs
+    the programs it races), so that their paired rounds compare plans, not where each
+    program's memory happens to lie (DESIGN.md, "Measuring"). Returns the two programs and the
+    seconds each step took."""
     start = time.perf_counter()
     stitched = optimize_program(program, weights, orchestration="none", **options)
     stitched = runners_up_raced(stitched, options.get("backend", "cpu"))

@@ -884,6 +884,28 @@ def test_programs_raced_run_in_one_pool_of_buffers_each_slot_as_large_as_either_
     assert pool.keys() == held.keys() and all(pool[slot] is held[slot] for slot in held)
 
 
+def test_programs_raced_read_one_copy_of_each_weight_they_lay_out_alike():
+    """``in_one_pool`` also makes two programs' laid-out weights one array where they hold the
+    same one under one name (two plans of a model each lay out its weights apart, and a copy
+    in other memory ran slower), and leaves a program its own where the name holds another
+    weight: each copy computes with its own weights."""
+    (kernel,) = postprocess(instantiate(matmul((8, 64), (64, 16))), weights=("B",)).kernels
+    rng = np.random.default_rng(1)
+    a, b = rng.uniform(-1, 1, (8, 64)), rng.uniform(-1, 1, (64, 16))
+    bound = lambda w: CompiledProgram([_step(kernel, "packed", "float32")], {"A": (8, 64), "B": (64, 16)}).bind(  # noqa: E731
+        {"B": w}
+    )
+    first, again, other = bound(b), bound(b), bound(2 * b)
+    (panels,) = first.prepared
+    assert again.prepared[panels] is not first.prepared[panels]
+    pooled = in_one_pool({"first": first, "again": again, "other": other})
+    assert pooled["again"].prepared[panels] is first.prepared[panels]
+    assert pooled["again"].constants["B"] is first.constants["B"]
+    assert pooled["other"].prepared[panels] is other.prepared[panels]
+    _close(pooled["again"](A=a), a @ b)
+    _close(pooled["other"](A=a), 2 * a @ b)
+
+
 @pytest.mark.parametrize("impl", ["packed", "blas", "tvm"])
 def test_a_program_bound_again_after_a_run_reads_the_new_weights(impl):
     """A run's calls are bound to their arrays once (``_Dispatch``); binding weights again drops
