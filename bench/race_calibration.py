@@ -12,9 +12,10 @@ settling's ``SETTLE_S``). The kinds of change, in turn:
 - "shared" (A/A): a copy of the program, the same kernels and laid-out weights, as a settled
   change's program is (it shares the weights of the program it changes; the race runs both in
   its one pool of buffers). Taking it is taking a change that changes nothing.
-- "loaded" (A/A): the directory loaded again, its weights laid out again, as separately
-  prepared programs meet (the end-to-end race of the plans, ``rewriter compare``, a
-  benchmark's columns).
+- "loaded" (A/A): the directory loaded again, its kernels and weights loaded and laid out
+  again, as separately prepared programs meet (the end-to-end race of the plans, ``rewriter
+  compare``, a benchmark's columns); the race pools the weights the two hold alike
+  (``in_one_pool``, since the 85th stop), so the copy differs in where its code lies.
 - "saving F" (``--savings``): the program against itself with one kernel run again, a few
   times at most (into tensors nothing reads), the kernel and count whose measured times add
   up nearest to F of a run; the program is the change, a saving of that size.
