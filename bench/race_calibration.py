@@ -107,6 +107,8 @@ def main() -> None:
     args = parser.parse_args()
     if not args.copies and not args.savings:
         parser.error("nothing to race: give --copies, --savings or both")
+    if args.races < len(args.copies) + len(args.savings):
+        parser.error(f"--races {args.races} leaves a kind unraced: give at least one race per kind of change")
     program = load_optimized(args.directory).program
     whole = race_whole({"program": program}, "program", max_seconds=2).seconds["program"] if args.savings else 0.0
     slowed = {f"saving {f:g}": run_again(program, f, whole) for f in args.savings}
