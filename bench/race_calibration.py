@@ -6,8 +6,9 @@ takes a saving of known size.
 
 DIR is a program saved by ``rewriter optimize --out``. Each trial settles one change as the
 orchestration does (``codegen.orchestrate.surely_faster``: whole runs of the program with the
-change against the program as it stands, in turns, races of at most ``--seconds``, 5 as the
-settling's ``SETTLE_S``). The kinds of change, in turn:
+change against the program as it stands, in turns, races of at most ``--seconds`` once past
+their first ``WHOLE_RACE_ROUNDS`` rounds, 5 as the settling's ``SETTLE_S``). The kinds of
+change, in turn:
 
 - "shared" (A/A): a copy of the program, the same kernels and laid-out weights, as a settled
   change's program is (it shares the weights of the program it changes; the race runs both in
@@ -101,7 +102,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path)
     parser.add_argument("--races", type=int, default=20, help="changes settled in all, the kinds in turn")
-    parser.add_argument("--seconds", type=float, default=SETTLE_S, help="the longest one race runs")
+    parser.add_argument(
+        "--seconds", type=float, default=SETTLE_S, help="the longest one race runs past its first rounds"
+    )
     parser.add_argument("--copies", nargs="*", choices=KINDS, default=list(KINDS), help="the A/A kinds raced")
     parser.add_argument("--savings", type=float, nargs="*", default=[], help="fractions of a run saved, raced too")
     args = parser.parse_args()

@@ -40,7 +40,7 @@ from torch_cases import to_case_layout, torch_version  # noqa: E402
 
 from codegen import CpuBackend, compile_scope  # noqa: E402
 from codegen.measure import race_in_turns  # noqa: E402
-from codegen.program import in_one_pool, in_place_times, outside_kernels  # noqa: E402
+from codegen.program import WHOLE_RACE_ROUNDS, in_one_pool, in_place_times, outside_kernels  # noqa: E402
 from rewriter import derive, evaluate  # noqa: E402
 from rewriter.cases import CASES  # noqa: E402
 from rewriter.pipeline import optimize_program, orchestrations, runners_up_raced  # noqa: E402
@@ -68,7 +68,8 @@ def paired(functions: dict, max_seconds: float = 30.0) -> dict:
     (columns ``vs_NAME_paired``, and ``paired_rounds``):
     the median of those ratios and the interval that holds the true one at 95%
     (``race_in_turns``: in turns, each round in another order, until every interval says
-    which side of 1 it lies or spans under 0.5% either side, or ``max_seconds``), and each
+    which side of 1 it lies or spans under 0.5% either side, or ``max_seconds``, looked at
+    from ``WHOLE_RACE_ROUNDS`` rounds on, as races of whole programs are), and each
     one's median ms in those rounds (``paired_ms``: a ratio moves where one side slows more
     than the other in a state of the machine, and these say which side did). Each timed
     call follows an untimed one (another library's threads waking). A column of medians of
@@ -76,7 +77,7 @@ def paired(functions: dict, max_seconds: float = 30.0) -> dict:
     of the 74th stop); a ratio taken a moment apart does not, unless the state slows one side
     more than the other. Above 1: slower than the first."""
     first = next(iter(functions))
-    race = race_in_turns(functions, first, max_seconds=max_seconds, warm_calls=1)
+    race = race_in_turns(functions, first, min_rounds=WHOLE_RACE_ROUNDS, max_seconds=max_seconds, warm_calls=1)
     columns = {
         f"vs_{name}_paired": [round(r, 4) for r in ratio] for name, ratio in race.ratios.items() if name != first
     }

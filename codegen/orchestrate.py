@@ -555,7 +555,7 @@ def _first(weighed: list[str], alias: dict[str, str], program: str) -> str:
 
 
 SETTLE_RACES = 8  # at most: groups of regions raced whole (the BLP's largest estimated savings first)
-SETTLE_S = 5.0  # the longest one such race runs
+SETTLE_S = 5.0  # the longest one such race runs, once past its first rounds (``WHOLE_RACE_ROUNDS``)
 # how much faster one race must find a change to take it on that race alone: the race's
 # resolution. Below it, a ratio's interval lies under 1 as often by a state of the machine as
 # by the change: GPT-2 (32 tokens, a Zen 4) took a group of 7 regions at 0.998 (95%:

@@ -708,9 +708,21 @@ def _zero_inputs(program: CompiledProgram) -> dict[str, np.ndarray]:
     return {n: _aligned(np.zeros(program.inputs[n]), program.dtype) for n in given}
 
 
+# rounds a race of whole runs runs before it looks at its intervals or its clock
+# (``race_in_turns``'s ``min_rounds``): the 95% interval of a median of n ratios runs from
+# about the 23rd to the 77th percentile of the ratios at n = 12, the 30th to the 70th at 32,
+# and at 8 (the 11th to the 89th) a noisy minute can decide a race. ViT-Base's programs (210 ms
+# a run, a Zen 3, 85th stop) ran about 12 rounds in the settling's 5 s, with intervals 4-13%
+# wide (GPT-2's, 37 ms a run, about 1%); InfoGAN's benchmark (86th stop) put one program 1.277x
+# (1.015-2.394) a copy of itself at its first look, 8 rounds in. A 37 ms program is past 32
+# rounds in 2.4 s.
+WHOLE_RACE_ROUNDS = 32
+
+
 def race_whole(programs: Mapping[str, CompiledProgram], baseline: str, **limits) -> Race:
     """Whole runs of ``programs`` (on zeros, like ``race_in_place``) in turns, each against
-    ``baseline``'s in the same round (``race_in_turns``, ``limits`` its own): whether each is
+    ``baseline``'s in the same round (``race_in_turns``, ``limits`` its own, at least
+    ``WHOLE_RACE_ROUNDS`` rounds unless they say otherwise): whether each is
     faster or slower than the baseline, or neither by more than the resolution. The race that
     took each one's median of at most 30 rounds could not tell such programs apart: one saved
     BERT program, loaded three times and raced against itself six times, came out 0.973-1.040
@@ -722,7 +734,7 @@ def race_whole(programs: Mapping[str, CompiledProgram], baseline: str, **limits)
     buffers 0.996-1.002x, beyond it in 1 of 8."""
     pooled = in_one_pool(programs)
     runs = {name: functools.partial(program.run, _zero_inputs(program)) for name, program in pooled.items()}
-    return race_in_turns(runs, baseline, **limits)
+    return race_in_turns(runs, baseline, **({"min_rounds": WHOLE_RACE_ROUNDS} | limits))
 
 
 def in_one_pool(programs: Mapping[str, CompiledProgram]) -> dict[str, CompiledProgram]:

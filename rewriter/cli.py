@@ -26,7 +26,7 @@ from rich.table import Table
 
 from codegen.backend import CpuBackend, CudaBackend, ReferenceBackend
 from codegen.measure import default_path
-from codegen.program import race_whole
+from codegen.program import WHOLE_RACE_ROUNDS, race_whole
 
 from .cases import CASES, PUBLIC_CASES
 from .frontends import load_onnx, zoo
@@ -363,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     cp = sub.add_parser("compare", help="two saved programs of one model, run whole in turns: which is faster")
     cp.add_argument("first", metavar="DIR-A")
     cp.add_argument("second", metavar="DIR-B")
-    cp.add_argument("--seconds", type=float, default=30.0, help="at most this long, once 8 rounds are run")
+    cp.add_argument(
+        "--seconds", type=float, default=30.0, help=f"at most this long, once {WHOLE_RACE_ROUNDS} rounds are run"
+    )
     args = parser.parse_args(argv)
     console = Console()
     if not console.is_terminal:

@@ -17,7 +17,15 @@ import codegen.program as program_module
 from codegen.backend import CpuBackend
 from codegen.measure import MeasurementDB, Race, Timing
 from codegen.orchestrate import Orchestration, orchestrate
-from codegen.program import CompiledProgram, _step, in_place_times, outside_kernels, plan_buffers, race_whole
+from codegen.program import (
+    WHOLE_RACE_ROUNDS,
+    CompiledProgram,
+    _step,
+    in_place_times,
+    outside_kernels,
+    plan_buffers,
+    race_whole,
+)
 from codegen.tvm_kernel import lower_to_te
 from rewriter import evaluate, parse, parse_program
 from rewriter.ir import ExpressionError, Opaque, Tensor, nested_scopes, tensor_shapes
@@ -606,6 +614,17 @@ def test_whole_runs_are_raced_on_zeros_each_against_the_baseline(tmp_path):
     assert raced.ratios["greedy"] == (1.0, 1.0, 1.0) and all(t > 0 for t in raced.seconds.values())
     low, median, high = raced.ratios["blp"]
     assert 0 < low <= median <= high
+
+
+def test_a_race_of_whole_runs_looks_at_its_clock_only_after_its_first_rounds(tmp_path):
+    """A long program's race (ViT-Base: 210 ms a run) would otherwise stop on its seconds
+    after a dozen rounds, a median too loose to tell 2% apart: out of time from the start, the
+    race still runs ``WHOLE_RACE_ROUNDS`` rounds, where a race of kernels stops at 8."""
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    program = _program(db)
+    blp = orchestrate(program, {"B", "C"}, db)[0]
+    assert race_whole({"blp": blp, "greedy": program}, "greedy", max_seconds=0).rounds == WHOLE_RACE_ROUNDS
+    assert race_whole({"blp": blp, "greedy": program}, "greedy", max_seconds=0, min_rounds=8).rounds == 8
 
 
 def test_a_whole_run_is_set_over_its_kernels_summed_in_the_run_after_it(tmp_path, monkeypatch):
