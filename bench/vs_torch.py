@@ -67,9 +67,11 @@ def paired(functions: dict, max_seconds: float = 30.0) -> dict:
     """Each function's time over the first one's in the same round, as ``[low, median, high]``
     (columns ``vs_NAME_paired``, and ``paired_rounds``):
     the median of those ratios and the interval that holds the true one at 95%
-    (``race_in_turns``: in turns, each round in another order, until every interval says
-    which side of 1 it lies or spans under 0.5% either side, or ``max_seconds``, looked at
-    from ``WHOLE_RACE_ROUNDS`` rounds on, as races of whole programs are), and each
+    (``race_in_turns``: in turns, each round in another order, for ``max_seconds``, and at
+    least ``WHOLE_RACE_ROUNDS`` rounds, however the intervals lie before: until the 87th stop
+    the rounds stopped where every interval first said which side of 1 it lay, looked at
+    after 32 rounds and each doubling, and BERT's BLP and greedy programs, one program (the
+    same kernels, in one pool), came out 1.017x apart (1.0007-1.051) after 32 rounds), and each
     one's median ms in those rounds (``paired_ms``: a ratio moves where one side slows more
     than the other in a state of the machine, and these say which side did). Each timed
     call follows an untimed one (another library's threads waking). A column of medians of
@@ -77,7 +79,9 @@ def paired(functions: dict, max_seconds: float = 30.0) -> dict:
     of the 74th stop); a ratio taken a moment apart does not, unless the state slows one side
     more than the other. Above 1: slower than the first."""
     first = next(iter(functions))
-    race = race_in_turns(functions, first, min_rounds=WHOLE_RACE_ROUNDS, max_seconds=max_seconds, warm_calls=1)
+    race = race_in_turns(
+        functions, first, min_rounds=WHOLE_RACE_ROUNDS, max_seconds=max_seconds, warm_calls=1, decide=False
+    )
     columns = {
         f"vs_{name}_paired": [round(r, 4) for r in ratio] for name, ratio in race.ratios.items() if name != first
     }
@@ -91,7 +95,8 @@ def kernel_sums(compiled, rounds: int = 10) -> dict:
     """A compiled program's kernel medians summed, in ms: as the optimizer recorded them
     ("alone": as recorded, timed on their own, or where a program ran them: the BLP's trial
     programs, the races of implementations), and timed where this program runs them
-    (``in_place_times``: every call under a stopwatch, whole runs on zeros, the first left out);
+    (``in_place_times``: every call timed where it runs, compiled kernels by the native loop's
+    clock, whole runs on zeros, the first left out);
     and a whole run's time over its kernels' summed in the run after it, as ``[low, median,
     high]`` (``outside_kernels``: what a run spends outside its kernels, taken a moment apart,
     which a slow spell of the machine does not move; a median of whole runs set over the sum of

@@ -278,6 +278,7 @@ def race_in_turns(
     resolution: float = 0.005,
     confidence: float = 0.95,
     warm_calls: int = 0,
+    decide: bool = True,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Race:
     """Call ``fns`` in turns, one timed call each a round, each round in another order (the
@@ -289,7 +290,10 @@ def race_in_turns(
     ``min_rounds`` and each doubling (few looks keep the chance of a lucky stop small), or
     until ``max_rounds``, or ``max_seconds`` after ``min_rounds``. ``warm_calls``: calls made
     untimed before each timed one (a library whose threads must wake after another's ran);
-    ``clock``: seconds, as ``time.perf_counter`` counts them."""
+    ``decide``: False, the intervals are not looked at, and the rounds run to ``max_rounds``
+    or ``max_seconds`` (a benchmark's budget: a race that stops where its intervals first
+    decide makes a difference of nothing come out beyond doubt more often than its confidence
+    says); ``clock``: seconds, as ``time.perf_counter`` counts them."""
     if baseline not in fns:
         raise ValueError(f"the baseline {baseline!r} is not raced")
     names = list(fns)
@@ -307,7 +311,7 @@ def race_in_turns(
         rounds = turn + 1
         if rounds < min_rounds:
             continue
-        if rounds == look:
+        if decide and rounds == look:
             look *= 2
             if all(_decided(_ratios(samples, name, baseline, confidence), resolution) for name in names):
                 break

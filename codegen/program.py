@@ -161,36 +161,54 @@ class _Dispatch:
     kernels (a call with a ``native`` description: its TVM functions and their arguments by name)
     run as one ``NativeRun``, one call into C for all of them, each argument bound as the view its
     kernel takes (``TvmKernel.views``: merged loops' dimensions merged). Any other call (a
-    library call through numpy, one wrapped by a stopwatch, one reading a weight laid out afresh
-    each call) is called from Python between such runs: a program of compiled kernels only is
-    one native call."""
+    library call through numpy, one reading a weight laid out afresh each call) is called from
+    Python between such runs: a program of compiled kernels only is one native call.
 
-    def __init__(self, values: dict[str, np.ndarray], per_run: Sequence[str], dtype: str) -> None:
+    ``sinks`` (per step of the program, a list or None): each run appends to a step's list its
+    seconds in that run, a compiled kernel's read by the native loop's own clock
+    (``NativeRun(clocked=True)``), any other call's around it in Python; the run is the same
+    native calls as one without a clock."""
+
+    def __init__(
+        self,
+        values: dict[str, np.ndarray],
+        per_run: Sequence[str],
+        dtype: str,
+        sinks: Sequence[list[float] | None] | None = None,
+    ) -> None:
         self.values = values  # what calls read by name: constants, weights, buffers, and per run the rest
         self.per_run = set(per_run)  # names a run sets (inputs; outputs made afresh join as added)
         self.fresh: dict[str, tuple[int, ...]] = {}  # outputs made afresh -> their shapes
         self.dtype = dtype
         self.calls: list[Callable[[], None]] = []
         self.natives: list[NativeRun] = []
+        self.sinks = sinks
+        self.owners: dict[int, list[list[float] | None]] = {}  # per native run, each call's step's sink
+        self._clocked: list[tuple[list[float], Callable[[], None]]] = []  # other calls timed from Python
 
-    def add(self, step: Step, out: np.ndarray | None) -> None:
-        """Bind ``step`` writing into ``out`` (None: a new array each run)."""
+    def add(self, step: Step, out: np.ndarray | None, index: int = 0) -> None:
+        """Bind ``step`` (the program's ``index``-th) writing into ``out`` (None: a new array each run)."""
         name = step.kernel.output
         if out is None:
             self.fresh[name] = tuple(step.kernel.expr.shape)
             self.per_run.add(name)
         else:
             self.values[name] = out
+        sink = self.sinks[index] if self.sinks is not None else None
         native = self._native(step, name)
         if native is None:
             call, values = step.call, self.values
             self.calls.append(lambda: call(values, values[name]))
+            if sink is not None:
+                self.calls[-1] = _clocked(self.calls[-1], sink)
             return
         if not self.calls or not isinstance(self.calls[-1], NativeRun):
-            self.natives.append(NativeRun(self.dtype))
+            self.natives.append(NativeRun(self.dtype, clocked=self.sinks is not None))
             self.calls.append(self.natives[-1])
+            self.owners[id(self.natives[-1])] = []
         for function, args, views in native:
             self.calls[-1].add(function, args, views, str(step.kernel))
+            self.owners[id(self.calls[-1])].append(sink)
 
     def _native(self, step: Step, name: str) -> list | None:
         """The step's native calls with each argument bound (a per-run name, or its array), or
@@ -225,7 +243,30 @@ class _Dispatch:
                 call()
         finally:
             self.values.update(dict.fromkeys(current))
+        if self.sinks is not None:
+            self._record()
         return made
+
+    def _record(self) -> None:
+        """Each step's seconds of the run just made into its sink (its native calls summed)."""
+        per_step: dict[int, tuple[list[float], float]] = {}
+        for native in self.natives:
+            for sink, seconds in zip(self.owners[id(native)], native.seconds()):
+                if sink is not None:
+                    per_step[id(sink)] = (sink, per_step.get(id(sink), (sink, 0.0))[1] + seconds)
+        for sink, seconds in per_step.values():
+            sink.append(seconds)
+
+
+def _clocked(call: Callable[[], None], sink: list[float]) -> Callable[[], None]:
+    """``call`` timed in Python, its seconds appended to ``sink`` (a call no native loop makes)."""
+
+    def timed() -> None:
+        start = time.perf_counter()
+        call()
+        sink.append(time.perf_counter() - start)
+
+    return timed
 
 
 @dataclass(frozen=True)
@@ -347,14 +388,15 @@ class CompiledProgram:
         made = self._dispatches[fresh].run(per_run)
         return {**self.constants, **self.prepared, **given, **made}
 
-    def _dispatch(self, fresh: tuple[str, ...]) -> _Dispatch:
-        """The steps' calls bound to their buffers for runs that return ``fresh`` new arrays."""
+    def _dispatch(self, fresh: tuple[str, ...], sinks: Sequence[list[float] | None] | None = None) -> _Dispatch:
+        """The steps' calls bound to their buffers for runs that return ``fresh`` new arrays
+        (``sinks``: per step, where its seconds go each run; ``_Dispatch``)."""
         plan = plan_buffers(self.steps, set(fresh) | set(self.constants))
-        dispatch = _Dispatch({**self.constants, **self.prepared}, self.inputs, self.dtype)
-        for step in self.steps:
+        dispatch = _Dispatch({**self.constants, **self.prepared}, self.inputs, self.dtype, sinks)
+        for index, step in enumerate(self.steps):
             if step.kernel.output not in self.constants:
                 name = step.kernel.output
-                dispatch.add(step, None if name in fresh else self._buffer(plan, name))
+                dispatch.add(step, None if name in fresh else self._buffer(plan, name), index)
         return dispatch
 
     def _buffer(self, plan: BufferPlan, name: str) -> np.ndarray:
@@ -579,7 +621,6 @@ def race_slots(
     for step in (s for i in raced for found in slots[i] for s in found):
         if hasattr(step.call, "prepare"):
             prepared.update(step.call.prepare(program.constants))
-    inputs = _zero_inputs(program)  # a gather's indices may be computed from any input
     samples: dict[tuple, list[float]] = {}  # (slot, alternative, step) -> seconds per run
     live = {i: list(range(len(slots[i]))) for i in raced}  # the alternatives still in the race
     upcoming: dict[int, list[int]] = {i: [] for i in raced}  # each slot's order for this cycle
@@ -595,18 +636,16 @@ def race_slots(
         return upcoming[i].pop()
 
     while any(len(samples.get((i, k, 0), ())) < 1 + rounds for i in raced for k in live[i]):
-        steps = []
+        steps, sinks = [], []
         for i, found in enumerate(slots):
             k = next_alternative(i) if i in live else 0
-            steps += [
-                replace(s, call=_stopwatch(s.call, samples.setdefault((i, k, j), []))) if i in live else s
-                for j, s in enumerate(found[k])
-            ]
+            steps += found[k]
+            sinks += [samples.setdefault((i, k, j), []) if i in live else None for j in range(len(found[k]))]
         trial = CompiledProgram(
             _made_once(steps, timed=True), program.inputs, program.dtype, constants=program.constants, buffers=buffers
         )
         trial.prepared = prepared
-        trial.run(inputs)
+        _watched(trial, sinks, buffers)()
         for i in raced:  # an alternative far behind the best, each timed twice past its cold run, leaves
             if all(len(samples.get((i, k, 0), ())) >= 3 for k in live[i]):
                 best = min(median(i, k) for k in live[i])
@@ -656,7 +695,9 @@ def _made_once(steps: list[Step], timed: bool = False) -> list[Step]:
 def in_place_times(programs: Sequence[CompiledProgram], rounds: int = 6) -> list[list[list[float]]]:
     """Each step's seconds where its program runs it: the ``programs`` take turns for ``1 +
     rounds`` whole runs each (on zeros, like ``race_in_place``; the first run, its buffers and
-    code still cold, left out), every call under a stopwatch. Returns, per program and step,
+    code still cold, left out), every call timed where it runs (``_watched``: compiled kernels
+    by the native loop's clock, so a kernel's time holds no crossing from Python that a run
+    without a clock does not make). Returns, per program and step,
     its samples (none for a weight-only step: it never runs). The programs share one set of
     buffers, as alternatives of one program would."""
     buffers: dict[int, np.ndarray] = {}
@@ -672,9 +713,9 @@ def outside_kernels(program: CompiledProgram, rounds: int = 64, confidence: floa
     """A whole run's time over the sum of its kernels' times, as ``(low, median, high)``: the
     median over ``rounds`` rounds and the interval that holds the true one at ``confidence``
     (``median_interval``). Each round runs the program as it is used (on zeros in its dtype,
-    in its own buffers) and then once more with every call under a stopwatch; its ratio is the
-    first run's time over the second's calls summed. What a run spends outside its kernels
-    (Python between library calls, the calls' own overhead) is the ratio less 1. Taken a
+    in its own buffers) and then once more with every call timed (``_watched``); its ratio is
+    the first run's time over the second's calls summed. What a run spends outside its kernels
+    (Python between library calls and around native runs) is the ratio less 1. Taken a
     moment apart, a median of whole runs and a sum of in-place medians each move with the
     machine's slow spells (seconds long): InfoGAN's came out 1.50 in one benchmark run."""
     per_step: list[list[float]] = [[] for _ in program.steps]
@@ -692,13 +733,16 @@ def outside_kernels(program: CompiledProgram, rounds: int = 64, confidence: floa
     return median_interval(ratios, confidence)
 
 
-def _watched(program: CompiledProgram, per_step: list[list[float]], buffers: dict) -> Callable[[], None]:
-    """A whole run of ``program`` on zeros with every call under a stopwatch (``per_step[i]``
-    receives step i's seconds; a weight-only step never runs), in ``buffers``."""
-    steps = [replace(s, call=_stopwatch(s.call, per_step[i])) for i, s in enumerate(program.steps)]
-    trial = CompiledProgram(steps, program.inputs, program.dtype, constants=program.constants, buffers=buffers)
+def _watched(program: CompiledProgram, per_step: Sequence[list[float] | None], buffers: dict) -> Callable[[], None]:
+    """A whole run of ``program`` on zeros, in ``buffers``, with every call timed where it runs
+    (``per_step[i]`` receives step i's seconds; None: step i untimed; a weight-only step never
+    runs): its compiled kernels by the native loop's clock, as one run without a clock calls
+    them (``_Dispatch``'s ``sinks``)."""
+    trial = CompiledProgram(program.steps, program.inputs, program.dtype, constants=program.constants, buffers=buffers)
     trial.prepared = program.prepared
-    return functools.partial(trial.run, _zero_inputs(program))
+    dispatch = trial._dispatch((trial.output,), per_step)
+    zeros = _zero_inputs(program)
+    return functools.partial(dispatch.run, {n: zeros[n] if n in zeros else trial.constants[n] for n in trial.inputs})
 
 
 def _zero_inputs(program: CompiledProgram) -> dict[str, np.ndarray]:
@@ -807,15 +851,6 @@ def _options(step: Step, dtype: str) -> list[Step]:
         except (CodegenError, ExpressionError):
             continue
     return found
-
-
-def _stopwatch(call: Callable, samples: list[float]) -> Callable:
-    def timed(values, out):
-        start = time.perf_counter()
-        call(values, out)
-        samples.append(time.perf_counter() - start)
-
-    return timed
 
 
 def _timing_call(step: Step, dtype: str, rng) -> Callable[[], None]:

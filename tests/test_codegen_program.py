@@ -15,7 +15,7 @@ from codegen.program import (
     CompiledProgram,
     Step,
     _step,
-    _stopwatch,
+    _watched,
     compile_candidate,
     implementations,
     in_one_pool,
@@ -845,13 +845,18 @@ def test_a_planned_program_reuses_memory_and_computes_what_it_did():
         _close(values["out"], want)
         _close(values["T1"], want_t1)
         assert "T0" not in values and "T2" not in values
-    # a run calls the TVM kernels by position; a call someone wrapped (a stopwatch) runs as wrapped
+    # a run timed kernel by kernel (``_watched``: compiled kernels by the native loop's clock)
+    # makes what a run makes (on zeros), one time per step, together within the run's; a call
+    # someone wrapped in Python (no native description) runs as wrapped, timed from Python
+    third = program.steps[2]
+    wrapped = replace(third, call=lambda values, out: third.call(values, out))
     samples = [[] for _ in program.steps]
-    timed = replace(
-        program, steps=[replace(s, call=_stopwatch(s.call, samples[i])) for i, s in enumerate(program.steps)]
-    )
-    _close(timed.run({"X": x})["out"], want)
-    assert all(len(s) == 1 for s in samples)
+    start = time.perf_counter()
+    made = _watched(replace(program, steps=[*program.steps[:2], wrapped, *program.steps[3:]]), samples, {})()
+    wall = time.perf_counter() - start
+    _close(made["out"], np.full(64, 2.0))
+    assert all(len(s) == 1 and s[0] > 0 for s in samples)
+    assert sum(s[0] for s in samples) <= wall
 
 
 def test_programs_raced_run_in_one_pool_of_buffers_each_slot_as_large_as_either_needs():

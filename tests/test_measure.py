@@ -160,6 +160,11 @@ def test_a_race_takes_turns_in_rotated_orders_and_stops_once_every_ratio_is_deci
     rounds = [timed[k : k + 3] for k in range(0, len(timed), 3)]
     assert rounds[:3] == [["base", "fast", "slow"], ["fast", "slow", "base"], ["slow", "base", "fast"]]
     assert all(sum(r.index(name) == place for r in rounds) == 3 for name in ("base", "fast") for place in range(3))
+    # told not to decide (a benchmark's budget), the same race runs on to its seconds
+    now[0] = 0.0
+    fns = {"base": call("base", 3), "fast": call("fast", 1), "slow": call("slow", 6)}
+    budgeted = race_in_turns(fns, "base", min_rounds=9, max_seconds=200.0, decide=False, clock=lambda: now[0])
+    assert budgeted.rounds == 21 and budgeted.ratios["fast"] == (1 / 3, 1 / 3, 1 / 3)  # 10 ticks a round, past 200
 
 
 def test_a_race_that_cannot_decide_stops_at_its_limits():

@@ -420,6 +420,40 @@ def test_a_change_surely_faster_by_less_than_the_margin_is_raced_again(races, ta
     assert next(asked, None) is None  # no race beyond those
 
 
+@pytest.mark.parametrize("whole_faster", [True, False])
+def test_several_groups_of_changes_are_raced_all_at_once_first(whole_faster):
+    """A = exp(X), B = A + 1, and two unlike changes (A and B each by a kernel computing the
+    same): all of them at once are raced first and, whole runs surely faster with them, taken
+    in that one race; else each group is raced on its own (here the first surely faster, the
+    second not), as before. The program computes the same values either way."""
+    n = (16, 16)
+    a = _step(Kernel("eop", "A", parse("L i:16, j:16 ; exp(X[i, j])", {"X": n})), "tvm", "float32")
+    b = _step(Kernel("eop", "B", parse("L i:16, j:16 ; A[i, j] + 1", {"A": n})), "tvm", "float32")
+    a2 = _step(Kernel("eop", "A", parse("L i:16, j:16 ; exp(X[i, j]) * 1", {"X": n})), "tvm", "float32")
+    b2 = _step(Kernel("eop", "B", parse("L i:16, j:16 ; 1 + A[i, j]", {"A": n})), "tvm", "float32")
+    program = CompiledProgram([a, b], {"X": n})
+    groups = [[([a2], [a])], [([b2], [b])]]
+    verdicts = iter([(0.99, 1.0, 1.01)] if not whole_faster else [(0.9, 0.95, 0.99)])
+    asked = []
+
+    def race(programs, baseline):
+        asked.append([s.kernel.expr for s in programs["with"].steps])
+        ratio = next(verdicts, (0.9, 0.95, 0.99) if len(asked) == 2 else (0.99, 1.0, 1.01))
+        return Race(baseline, {name: 1.0 for name in programs}, {"with": ratio}, 8, 0.95)
+
+    adopted, figures = orchestrate_module.adopted_where_faster(program, groups, orchestrate_module._spliced, race)
+    assert asked[0] == [a2.kernel.expr, b2.kernel.expr]  # both changes at once, first
+    assert figures["whole"] == [2, *((0.9, 0.95, 0.99) if whole_faster else (0.99, 1.0, 1.01))]
+    if whole_faster:
+        assert len(asked) == 1 and (figures["taken"], figures["raced"]) == (2, 0)
+    else:
+        assert asked[1:] == [[a2.kernel.expr, b.kernel.expr], [a2.kernel.expr, b2.kernel.expr]]
+        assert (figures["taken"], figures["raced"]) == (1, 2)
+    assert [s.kernel.expr for s in adopted.steps] == [a2.kernel.expr, b2.kernel.expr if whole_faster else b.kernel.expr]
+    x = np.random.default_rng(0).uniform(-1, 1, n).astype(np.float32)
+    np.testing.assert_allclose(adopted(X=x), np.exp(x) + 1, rtol=1e-5)
+
+
 def test_an_unknown_orchestration_is_refused_by_name():
     program = parse_program("Y = L i:4 ; 2 * X[i]\nreturn Y", {"X": (4,)})
     with pytest.raises(ExpressionError, match="unknown orchestration 'fastest'; known: blp, greedy, none"):
@@ -628,12 +662,14 @@ def test_a_race_of_whole_runs_looks_at_its_clock_only_after_its_first_rounds(tmp
 
 
 def test_a_whole_run_is_set_over_its_kernels_summed_in_the_run_after_it(tmp_path, monkeypatch):
-    """On a clock that ticks once per reading, a plain run reads it twice (one tick) and a
-    watched run twice per kernel (one tick each): a program of three kernels comes out a third,
-    in every round, so the interval is that too."""
+    """On a clock that ticks once per reading, a plain run reads it twice (one tick); a
+    watched run times a kernel called from Python over two readings (one tick) and one the
+    native loop calls by that loop's clock (here one tick a call): a program of three kernels
+    comes out a third, in every round, so the interval is that too."""
     program = _program(MeasurementDB(tmp_path / "m.sqlite"))
     ticks = itertools.count()
     monkeypatch.setattr(program_module, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    monkeypatch.setattr(program_module.NativeRun, "seconds", lambda self: [1.0] * len(self.labels))
     assert outside_kernels(program, rounds=12) == (1 / 3, 1 / 3, 1 / 3)
 
 
