@@ -14,7 +14,7 @@ C before each call and after the last). A stopwatch in Python around each call, 
 were taken until the 87th stop, added the crossing the native run saves to every kernel: BERT-base
 (32 tokens, a Zen 3) ran 0.966x its kernels so timed, and the orchestration's BLP, summing
 them, counted each kernel a fusion removed as about 8 us saved (its plan 1.7% faster than the
-stitched program by its sums, 0.998x it in whole runs).
+stitched program by its sums, 0.998-1.000x it in four races of whole runs).
 
 A kernel that fails stops the run: the error names the kernel and carries TVM's message.
 """
