@@ -184,7 +184,6 @@ class _Dispatch:
         self.natives: list[NativeRun] = []
         self.sinks = sinks
         self.owners: dict[int, list[list[float] | None]] = {}  # per native run, each call's step's sink
-        self._clocked: list[tuple[list[float], Callable[[], None]]] = []  # other calls timed from Python
 
     def add(self, step: Step, out: np.ndarray | None, index: int = 0) -> None:
         """Bind ``step`` (the program's ``index``-th) writing into ``out`` (None: a new array each run)."""
@@ -249,13 +248,15 @@ class _Dispatch:
 
     def _record(self) -> None:
         """Each step's seconds of the run just made into its sink (its native calls summed)."""
-        per_step: dict[int, tuple[list[float], float]] = {}
+        sinks: dict[int, list[float]] = {}
+        totals: dict[int, float] = {}
         for native in self.natives:
             for sink, seconds in zip(self.owners[id(native)], native.seconds()):
                 if sink is not None:
-                    per_step[id(sink)] = (sink, per_step.get(id(sink), (sink, 0.0))[1] + seconds)
-        for sink, seconds in per_step.values():
-            sink.append(seconds)
+                    sinks[id(sink)] = sink
+                    totals[id(sink)] = totals.get(id(sink), 0.0) + seconds
+        for key, sink in sinks.items():
+            sink.append(totals[key])
 
 
 def _clocked(call: Callable[[], None], sink: list[float]) -> Callable[[], None]:
