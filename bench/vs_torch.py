@@ -77,7 +77,10 @@ def paired(functions: dict, max_seconds: float = 30.0) -> dict:
     call follows an untimed one (another library's threads waking). A column of medians of
     their own moves with the machine's slow spells (seconds long, a third slower on the Zen 4
     of the 74th stop); a ratio taken a moment apart does not, unless the state slows one side
-    more than the other. Above 1: slower than the first."""
+    more than the other. Above 1: slower than the first. A function "copy" (ours again, in
+    its pool of buffers) is the control: its interval is what the rounds cannot tell from
+    nothing, which a difference must clear to be one (BERT at 32 tokens, a Zen 3, 88th
+    stop: copies of one program 0.9995-1.0015x apart in races of 90 s)."""
     first = next(iter(functions))
     race = race_in_turns(
         functions, first, min_rounds=WHOLE_RACE_ROUNDS, max_seconds=max_seconds, warm_calls=1, decide=False
@@ -125,8 +128,9 @@ def greedy_and_orchestrated(program, weights, **options) -> tuple[dict, dict]:
     end-to-end race; so the two differ in what the BLP adds alone. The two run in one set of
     buffers and read one copy of each laid-out weight (``in_one_pool``, as ``race_whole`` runs
     the programs it races), so that their paired rounds compare plans, not where each
-    program's memory happens to lie (DESIGN.md, "Measuring"). Returns the two programs and the
-    seconds each step took."""
+    program's memory happens to lie (DESIGN.md, "Measuring"). A third, "copy", is the BLP's
+    program again in that pool: raced against ours in the paired rounds, it shows what they
+    cannot tell apart. Returns the programs and the seconds each step took."""
     start = time.perf_counter()
     stitched = optimize_program(program, weights, orchestration="none", **options)
     stitched = runners_up_raced(stitched, options.get("backend", "cpu"))
@@ -134,6 +138,7 @@ def greedy_and_orchestrated(program, weights, **options) -> tuple[dict, dict]:
     start = time.perf_counter()
     programs = orchestrations(stitched, ("blp", "greedy"), options.get("backend", "cpu"))
     seconds["orchestrate"] = time.perf_counter() - start
+    programs["copy"] = programs["blp"]  # ours again, the paired rounds' control (``paired``)
     pooled = in_one_pool({method: optimized.program for method, optimized in programs.items()})
     return {method: replace(optimized, program=pooled[method]) for method, optimized in programs.items()}, seconds
 

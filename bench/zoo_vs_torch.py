@@ -15,7 +15,8 @@ and a whole run's time over them in the run after it (``whole_over_kernels``), a
 program's (the plan the BLP's was settled on, ``vs_torch.greedy_and_orchestrated``) and
 torch.compile's time over ours taken a moment apart, round by round
 (``vs_greedy_paired``, ``vs_torch_compile_paired``: the median ratio and the interval that
-holds the true one at 95%, ``vs_torch.paired``).
+holds the true one at 95%, ``vs_torch.paired``), with a copy of ours in the same rounds as
+their control (``vs_copy_paired``).
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
     programs, seconds = greedy_and_orchestrated(
         model.program, model.weights, max_depth=max_depth, subprogram_time_limit=subprogram_time_limit
     )
-    optimized, greedy = programs["blp"], programs["greedy"]
+    optimized, greedy, copy = programs["blp"], programs["greedy"], programs["copy"]
     ((input_name, shape),) = model.inputs.items()
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     want = model.original({input_name: x})[model.outputs[0]]
@@ -153,6 +154,7 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
     functions = {
         "optimized": lambda: optimized(**{model.names[input_name]: x}),
         "greedy": lambda: greedy(**{model.names[input_name]: x}),
+        "copy": lambda: copy(**{model.names[input_name]: x}),
         "torch_eager": lambda: graph(tx),
         "torch_compile": lambda: compiled(tx),
     }
@@ -162,8 +164,8 @@ def run(name: str, small: bool, max_depth: int, subprogram_time_limit: float, ro
             got = np.asarray(fn())
             error = float(np.abs(got - want).max()) / scale
             assert error < 1e-3, f"{name}: {label} disagrees with the reference ({error:.2e})"
-        medians = interleaved(functions, rounds)
-        ratios = paired({k: functions[k] for k in ("optimized", "greedy", "torch_compile")})
+        medians = interleaved({k: f for k, f in functions.items() if k != "copy"}, rounds)
+        ratios = paired({k: functions[k] for k in ("optimized", "greedy", "copy", "torch_compile")})
     kernels = kernel_sums(optimized.program)
     return {
         "model": name,
@@ -208,7 +210,8 @@ def main() -> None:
         )
         print(
             f"{'':<12}paired, {row['paired_rounds']} rounds (low, median, high): greedy / ours"
-            f" {row['vs_greedy_paired']}, torch.compile / ours {row['vs_torch_compile_paired']};"
+            f" {row['vs_greedy_paired']}, a copy of ours / ours {row['vs_copy_paired']},"
+            f" torch.compile / ours {row['vs_torch_compile_paired']};"
             f" a whole run over its kernels summed {row['whole_over_kernels']}",
             flush=True,
         )

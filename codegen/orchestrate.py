@@ -508,6 +508,26 @@ def fuse_boundaries(
     return greedy, Orchestration("greedy", list(shared.values()), {}, {"fusions": len(log)})
 
 
+SETTLE_RACES = 8  # at most: groups of regions raced whole (the BLP's largest estimated savings first)
+SETTLE_S = 5.0  # the longest one such race runs, once past its first rounds (``WHOLE_RACE_ROUNDS``)
+# how much faster one race must find a change to take it on that race alone: the race's
+# resolution. Below it, a ratio's interval lies under 1 as often by a state of the machine as
+# by the change: GPT-2 (32 tokens, a Zen 4) took a group of 7 regions at 0.998 (95%:
+# 0.985-0.999), and its plan then ran 1.003x the plan without them (1.000-1.007) in the race
+# that followed. A change surely faster by less is raced once more (``surely_faster``).
+SETTLE_MARGIN = 0.005
+_SETTLING_RACE = functools.partial(race_whole, max_seconds=SETTLE_S)
+# One race of every change at once, and the end-to-end race of the plans, run until their
+# intervals span at most 0.4% (or 1024 rounds, or a minute): what the BLP adds to a
+# transformer's greedy plan is a few tenths of a percent of a run, below what a race that
+# stops at 1% can tell. BERT-base (32 tokens, a Zen 3, 88th stop): the BLP's plan on a
+# saved program ran 0.9967x, 0.9943x and 0.9941x it (each interval below 1) in three races of
+# 90 s, where a copy of the program ran 0.9995x, 0.9995x and 1.0015x (each holding 1 or at its
+# edge); in the settling's race of 5 s it had come out 0.9958x (0.9923-1.0019): not taken.
+FINE_RACE = {"resolution": 0.002, "max_rounds": 1024, "max_seconds": 60.0}
+_FINE_RACE = functools.partial(race_whole, **FINE_RACE)
+
+
 # the plans each orchestration method may keep, its own first: the BLP's plan is settled on the
 # greedy one, the greedy one on the kernels as given ("none")
 KEEPS = {"blp": ("blp", "greedy", "none"), "greedy": ("greedy", "none")}
@@ -517,7 +537,7 @@ def faster_end_to_end(
     plans: Mapping[str, tuple[CompiledProgram, Orchestration]],
     methods: Sequence[str] = ("blp",),
     baseline: str = "greedy",
-    race: Callable[[Mapping[str, CompiledProgram], str], Race] = race_whole,
+    race: Callable[[Mapping[str, CompiledProgram], str], Race] = _FINE_RACE,
 ) -> dict[str, tuple[CompiledProgram, Orchestration]]:
     """For each of ``methods``, of the orchestrated programs it may keep (``KEEPS``; ``plans``
     by name), the one whose whole runs measure faster than ``baseline``'s (``race``:
@@ -554,22 +574,12 @@ def _first(weighed: list[str], alias: dict[str, str], program: str) -> str:
     return next((name for name in weighed if alias[name] == program), weighed[0])
 
 
-SETTLE_RACES = 8  # at most: groups of regions raced whole (the BLP's largest estimated savings first)
-SETTLE_S = 5.0  # the longest one such race runs, once past its first rounds (``WHOLE_RACE_ROUNDS``)
-# how much faster one race must find a change to take it on that race alone: the race's
-# resolution. Below it, a ratio's interval lies under 1 as often by a state of the machine as
-# by the change: GPT-2 (32 tokens, a Zen 4) took a group of 7 regions at 0.998 (95%:
-# 0.985-0.999), and its plan then ran 1.003x the plan without them (1.000-1.007) in the race
-# that followed. A change surely faster by less is raced once more (``surely_faster``).
-SETTLE_MARGIN = 0.005
-_SETTLING_RACE = functools.partial(race_whole, max_seconds=SETTLE_S)
-
-
 def settled(
     stitched: CompiledProgram,
     ours: tuple[CompiledProgram, Orchestration],
     theirs: tuple[CompiledProgram, Orchestration],
     race: Callable[[Mapping[str, CompiledProgram], str], Race] = _SETTLING_RACE,
+    race_all: Callable[[Mapping[str, CompiledProgram], str], Race] = _FINE_RACE,
 ) -> tuple[CompiledProgram, Orchestration]:
     """The plan ``ours`` (its program and orchestration: the BLP's) taken into ``theirs`` (the
     greedy plan's; or the kernels as stitched, "none", for the greedy plan) region by region,
@@ -578,7 +588,7 @@ def settled(
     either that compute a primitive of ``stitched`` in common, transitively (ours for those
     primitives against theirs). Regions alike up to tensor names (a transformer's layers) are
     one group, raced once and taken together, largest saving in our plan's terms first, after
-    one race of every region at once (``adopted_where_faster``); a group whose kernels would read what the program no longer
+    one race of every region at once (``adopted_where_faster``; ``race_all``, a finer race); a group whose kernels would read what the program no longer
     makes there (another region's kernels fused it away) stays as theirs. The result is
     labelled with our method, its figures ``settled_METHOD``.
 
@@ -615,7 +625,7 @@ def settled(
         drop = {id(s) for _, other in group for s in other}
         return sorted([s for s in steps if id(s) not in drop] + [s for mine, _ in group for s in mine], key=position)
 
-    program, figures = adopted_where_faster(program, order, taking, race)
+    program, figures = adopted_where_faster(program, order, taking, race, race_all)
     settling = {"against": theirs_plan.method, "regions": len(regions), "groups": len(groups)} | figures
     figures = ours_plan.figures | {f"settled_{ours_plan.method}": settling}
     report = _program_report(program, members, ours_plan, theirs_plan, figures)
@@ -627,6 +637,7 @@ def adopted_where_faster(
     groups: Sequence[list],
     taking: Callable[[list[Step], list], list[Step]],
     race: Callable[[Mapping[str, CompiledProgram], str], Race],
+    race_all: Callable[[Mapping[str, CompiledProgram], str], Race],
 ) -> tuple[CompiledProgram, dict]:
     """``program`` with each of ``groups`` (changes to it, in order, at most ``SETTLE_RACES``)
     made where whole runs are faster with it (``surely_faster``: the program with the group's
@@ -635,8 +646,8 @@ def adopted_where_faster(
     the program and how many groups were raced, how many changes taken, how many unmixable,
     and each raced group's size and ratios.
 
-    Where there are several groups, all of their changes at once are raced first (``whole``:
-    their number and ratios) and, surely faster, taken together: savings spread over several
+    Where there are several groups, all of their changes at once are raced first, in
+    ``race_all`` (``whole``: their number and ratios) and, surely faster, taken together: savings spread over several
     groups, each below what one race can tell, add up in a run. BERT-base (32 tokens, a Zen 3,
     87th stop): a settling had raced the BLP's groups one by one at 0.998-1.007x, none taken;
     the BLP run again on the program it left, chose a plan that ran 0.992x and 0.994x it in two
@@ -647,7 +658,7 @@ def adopted_where_faster(
         steps = taking(program.steps, whole)
         if runs_on([s for s in steps if s.kernel.output not in program.constants], available):
             candidate = replace(program, steps=steps, buffers={})
-            faster, raced = surely_faster(program, candidate, race)
+            faster, raced = surely_faster(program, candidate, race_all)
             figures = {"whole": [len(whole), *(round(r, 4) for ratio in raced for r in ratio)]}
             if faster:
                 return candidate, figures | {"raced": 0, "taken": len(whole), "unmixable": 0, "ratios": []}
@@ -831,6 +842,7 @@ def race_runners_up(
     runners_up: Mapping[str, Sequence[CompiledProgram]],
     ends: set[str],
     race: Callable[[Mapping[str, CompiledProgram], str], Race] = _SETTLING_RACE,
+    race_all: Callable[[Mapping[str, CompiledProgram], str], Race] = _FINE_RACE,
 ) -> tuple[CompiledProgram, int]:
     """The stitched program with each subprogram raced where it runs against its runners-up
     (``runners_up``: subprogram output -> programs over the stitched program's names, the
@@ -876,7 +888,9 @@ def race_runners_up(
     # the runners-up's weights laid out beforehand, as the program's are: a packed kernel lays
     # out a weight missing from ``prepared`` on every call, which its whole runs would time
     laid_out = _prepared(program, [s for group in order for new, _ in group for s in new])
-    program, figures = adopted_where_faster(replace(program, steps=base, prepared=laid_out), order, _spliced, race)
+    program, figures = adopted_where_faster(
+        replace(program, steps=base, prepared=laid_out), order, _spliced, race, race_all
+    )
     used = {n for s in program.steps for n in tensor_shapes(s.kernel.expr)} | {s.kernel.output for s in program.steps}
     kept = {n: v for n, v in constants.items() if n in used}
     return replace(program, constants=kept, buffers={}).prepare(), figures["taken"]

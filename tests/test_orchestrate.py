@@ -379,7 +379,7 @@ def test_the_blp_plan_is_taken_into_the_greedy_one_where_whole_runs_say_so(tmp_p
         ratio = (0.9, 0.95, 0.99) if faster else (0.99, 1.0, 1.01)
         return Race(baseline, {name: 1.0 for name in programs}, {"with": ratio}, 8, 0.95)
 
-    settled, plan = orchestrate_module.settled(program, blp, (program, Orchestration("greedy")), race)
+    settled, plan = orchestrate_module.settled(program, blp, (program, Orchestration("greedy")), race, race)
     assert races == [[4, 2]]  # the greedy program, then the one with both layers fused
     ratio = [2, *((0.9, 0.95, 0.99) if faster else (0.99, 1.0, 1.01))]
     settling = {"regions": 2, "groups": 1, "raced": 1, "taken": 2 if faster else 0, "unmixable": 0, "ratios": [ratio]}
@@ -423,9 +423,10 @@ def test_a_change_surely_faster_by_less_than_the_margin_is_raced_again(races, ta
 @pytest.mark.parametrize("whole_faster", [True, False])
 def test_several_groups_of_changes_are_raced_all_at_once_first(whole_faster):
     """A = exp(X), B = A + 1, and two unlike changes (A and B each by a kernel computing the
-    same): all of them at once are raced first and, whole runs surely faster with them, taken
-    in that one race; else each group is raced on its own (here the first surely faster, the
-    second not), as before. The program computes the same values either way."""
+    same): all of them at once are raced first, in the finer race, and, whole runs surely
+    faster with them, taken in that one race; else each group is raced on its own, in the
+    settling's race (here the first surely faster, the second not), as before. The program
+    computes the same values either way."""
     n = (16, 16)
     a = _step(Kernel("eop", "A", parse("L i:16, j:16 ; exp(X[i, j])", {"X": n})), "tvm", "float32")
     b = _step(Kernel("eop", "B", parse("L i:16, j:16 ; A[i, j] + 1", {"A": n})), "tvm", "float32")
@@ -441,8 +442,17 @@ def test_several_groups_of_changes_are_raced_all_at_once_first(whole_faster):
         ratio = next(verdicts, (0.9, 0.95, 0.99) if len(asked) == 2 else (0.99, 1.0, 1.01))
         return Race(baseline, {name: 1.0 for name in programs}, {"with": ratio}, 8, 0.95)
 
-    adopted, figures = orchestrate_module.adopted_where_faster(program, groups, orchestrate_module._spliced, race)
+    finer = []
+
+    def race_all(programs, baseline):
+        finer.append(len(asked))
+        return race(programs, baseline)
+
+    adopted, figures = orchestrate_module.adopted_where_faster(
+        program, groups, orchestrate_module._spliced, race, race_all
+    )
     assert asked[0] == [a2.kernel.expr, b2.kernel.expr]  # both changes at once, first
+    assert finer == [0]  # that race, and only that one, the finer one
     assert figures["whole"] == [2, *((0.9, 0.95, 0.99) if whole_faster else (0.99, 1.0, 1.01))]
     if whole_faster:
         assert len(asked) == 1 and (figures["taken"], figures["raced"]) == (2, 0)
@@ -714,7 +724,7 @@ def _settled_as_faster(stitched, ours, theirs):
     def race(programs, baseline):
         return Race(baseline, {name: 1.0 for name in programs}, {"with": (0.9, 0.95, 0.99)}, 8, 0.95)
 
-    return orchestrate_module.settled(stitched, ours, theirs, race)
+    return orchestrate_module.settled(stitched, ours, theirs, race, race)
 
 
 @pytest.mark.parametrize("slow, whole", [("derived", True), ("runner-up", True), ("derived", False)])
@@ -748,7 +758,7 @@ def test_a_subprogram_that_runs_slower_than_its_runner_up_where_the_program_runs
         ratio = (0.9, 0.95, 0.99) if whole else (0.99, 1.0, 1.01)
         return Race(baseline, {name: 1.0 for name in programs}, {"with": ratio}, 8, 0.95)
 
-    raced, taken = orchestrate_module.race_runners_up(stitched, {"A": [runner_up]}, {"A", "B"}, race)
+    raced, taken = orchestrate_module.race_runners_up(stitched, {"A": [runner_up]}, {"A", "B"}, race, race)
     outputs = [s.kernel.output for s in raced.steps]
     replaced = slow == "derived" and whole
     assert (taken, outputs) == ((1, ["A", "B"]) if replaced else (0, ["A_w2", "A", "B"]))
