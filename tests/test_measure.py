@@ -7,6 +7,7 @@ once, and a writer killed mid-write leaving every committed row readable.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import multiprocessing
 import os
@@ -25,6 +26,7 @@ from codegen.measure import (
     MeasurementDB,
     Race,
     Timing,
+    balanced_orders,
     default_path,
     device_id,
     median_interval,
@@ -135,10 +137,11 @@ def test_a_race_keeps_the_baseline_unless_another_is_faster_across_its_whole_int
     assert race(a=(1.01, 1.1, 1.2)).fastest == "base"
 
 
-def test_a_race_takes_turns_in_rotated_orders_and_stops_once_every_ratio_is_decided():
+def test_a_race_takes_turns_in_balanced_orders_and_stops_once_every_ratio_is_decided():
     """Callables of 3, 1 and 6 ticks of a clock that only they advance: every ratio is decided
     at the first look, so the race stops after ``min_rounds``; each callable took each place in
-    the rounds alike; the warm calls come before each timed one."""
+    the rounds alike and followed each other one alike (``balanced_orders``); the warm calls
+    come before each timed one."""
     order, now = [], [0.0]
 
     def call(name, ticks):
@@ -147,24 +150,37 @@ def test_a_race_takes_turns_in_rotated_orders_and_stops_once_every_ratio_is_deci
     raced = race_in_turns(
         {"base": call("base", 3), "fast": call("fast", 1), "slow": call("slow", 6)},
         "base",
-        min_rounds=9,
+        min_rounds=12,
         warm_calls=1,
         clock=lambda: now[0],
     )
-    assert raced.rounds == 9 and raced.fastest == "fast"
+    assert raced.rounds == 12 and raced.fastest == "fast"
     assert raced.ratios["base"] == (1.0, 1.0, 1.0)
     assert raced.ratios["fast"] == (1 / 3, 1 / 3, 1 / 3) and raced.ratios["slow"] == (2.0, 2.0, 2.0)
     assert raced.seconds == {"base": 3.0, "fast": 1.0, "slow": 6.0}
     timed = order[3:][1::2]  # after one call each to start; each timed call follows a warm one of its own
     assert order[3:][0::2] == timed
     rounds = [timed[k : k + 3] for k in range(0, len(timed), 3)]
-    assert rounds[:3] == [["base", "fast", "slow"], ["fast", "slow", "base"], ["slow", "base", "fast"]]
-    assert all(sum(r.index(name) == place for r in rounds) == 3 for name in ("base", "fast") for place in range(3))
+    assert rounds[:2] == [["base", "fast", "slow"], ["fast", "slow", "base"]]
+    names = ("base", "fast", "slow")
+    assert all(sum(r.index(name) == place for r in rounds) == 4 for name in names for place in range(3))
+    follows = collections.Counter(pair for r in rounds for pair in zip(r, r[1:]))
+    assert set(follows) == set(itertools.permutations(names, 2)) and set(follows.values()) == {4}
     # told not to decide (a benchmark's budget), the same race runs on to its seconds
     now[0] = 0.0
     fns = {"base": call("base", 3), "fast": call("fast", 1), "slow": call("slow", 6)}
-    budgeted = race_in_turns(fns, "base", min_rounds=9, max_seconds=200.0, decide=False, clock=lambda: now[0])
+    budgeted = race_in_turns(fns, "base", min_rounds=12, max_seconds=200.0, decide=False, clock=lambda: now[0])
     assert budgeted.rounds == 21 and budgeted.ratios["fast"] == (1 / 3, 1 / 3, 1 / 3)  # 10 ticks a round, past 200
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
+def test_balanced_orders_put_each_callable_in_each_place_and_after_each_other_alike(n):
+    rows = balanced_orders(n)
+    assert len(rows) == (n if n % 2 == 0 or n == 1 else 2 * n) and all(sorted(r) == list(range(n)) for r in rows)
+    places = collections.Counter((k, place) for r in rows for place, k in enumerate(r))
+    follows = collections.Counter(pair for r in rows for pair in zip(r, r[1:]))
+    assert len(places) == n * n and len(set(places.values())) == 1
+    assert set(follows) == set(itertools.permutations(range(n), 2)) and len(set(follows.values())) <= 1
 
 
 def test_a_race_that_cannot_decide_stops_at_its_limits():
