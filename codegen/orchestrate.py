@@ -545,7 +545,8 @@ def faster_end_to_end(
 ) -> dict[str, tuple[CompiledProgram, Orchestration]]:
     """For each of ``methods``, of the orchestrated programs it may keep (``KEEPS``; ``plans``
     by name), the one whose whole runs measure faster than ``baseline``'s (``race``:
-    ``race_whole``, the programs in turns, each against the baseline in the same round), the
+    ``race_whole`` with ``FINE_RACE``, the programs in turns, each against the baseline in the
+    same round), the
     fastest such; the baseline where none does (it is the plan a program would otherwise have:
     a plan one cannot tell from it is not worth its risk). One race serves every method, so
     the BLP and the greedy method decide on the same rounds. Programs with the same kernels
@@ -592,9 +593,10 @@ def settled(
     either that compute a primitive of ``stitched`` in common, transitively (ours for those
     primitives against theirs). Regions alike up to tensor names (a transformer's layers) are
     one group, raced once and taken together, largest saving in our plan's terms first, after
-    one race of every region at once (``adopted_where_faster``; ``race_all``, a finer race); a group whose kernels would read what the program no longer
-    makes there (another region's kernels fused it away) stays as theirs. The result is
-    labelled with our method, its figures ``settled_METHOD``.
+    one race of every region at once (``adopted_where_faster``; ``race_all``, a finer race);
+    a group whose kernels would read what the program no longer makes there (another
+    region's kernels fused it away) stays as theirs. The result is labelled with our method,
+    its figures ``settled_METHOD``.
 
     Why: both plans weigh kernels by their times alone or where trial programs ran them, which
     sum to less than a whole run's change (kernels find each other's data in the caches, or
@@ -651,8 +653,8 @@ def adopted_where_faster(
     and each raced group's size and ratios.
 
     Where there are several groups, all of their changes at once are raced first, in
-    ``race_all`` (``whole``: their number and ratios) and, surely faster, taken together: savings spread over several
-    groups, each below what one race can tell, add up in a run. BERT-base (32 tokens, a Zen 3,
+    ``race_all`` (``whole``: their number and ratios) and, surely faster, taken together:
+    savings spread over several groups, each below what one race can tell, add up in a run. BERT-base (32 tokens, a Zen 3,
     87th stop): a settling had raced the BLP's groups one by one at 0.998-1.007x, none taken;
     the BLP run again on the program it left, chose a plan that ran 0.992x and 0.994x it in two
     races of 200 rounds (0.990-0.996)."""
