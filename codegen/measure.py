@@ -334,9 +334,9 @@ def balanced_orders(n: int) -> list[list[int]]:
     equally often. Rotated orders kept each one's place balanced but put it after the same one
     every round, which leaves its mark on the caches, the branch predictors and the thread
     pools: a small zoo program (SRCNN small, 64 us a run, a Zen 3, 88th stop), raced with
-    the greedy program, a copy of itself and torch.compile in rotated orders, came out 0.78x
-    (0.776-0.785) the copy, which always followed the greedy program where it followed
-    torch.compile."""
+    the greedy program, a copy of itself and torch.compile in rotated orders, had its copy
+    run 0.78x (0.776-0.785) its time: the copy always followed the greedy program, the
+    program always torch.compile."""
     first, low, high = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...: each difference once, mod n
     while len(first) < n:
         first.append(low)
