@@ -100,15 +100,22 @@ def kernel_sums(compiled, rounds: int = 10) -> dict:
     programs, the races of implementations), and timed where this program runs them
     (``in_place_times``: every call timed where it runs, compiled kernels by the native loop's
     clock, whole runs on zeros, the first left out);
+    those in-place times by implementation (``by_implementation``: kernels, ms, GFLOP/s);
     and a whole run's time over its kernels' summed in the run after it, as ``[low, median,
     high]`` (``outside_kernels``: what a run spends outside its kernels, taken a moment apart,
     which a slow spell of the machine does not move; a median of whole runs set over the sum of
     in-place medians did)."""
     per_step = in_place_times([compiled], rounds)[0]
     in_place = sum(statistics.median(s) for s in per_step if s)
+    shares = compiled.by_implementation([statistics.median(s) if s else None for s in per_step])
     return {
         "kernels_alone_ms": round(compiled.cost * 1e3, 3),
         "kernels_in_place_ms": round(in_place * 1e3, 3),
+        # where the in-place time lies: what orchestration, which fuses generated kernels, can reach
+        "in_place_by_impl": {
+            g.impl: {"kernels": g.kernels, "ms": round(g.seconds * 1e3, 3), "gflops": round(g.gflops, 1)}
+            for g in shares
+        },
         "whole_over_kernels": [round(r, 4) for r in outside_kernels(compiled)],
     }
 

@@ -47,7 +47,17 @@ from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 import numpy as np
 
 from rewriter.ir import ExpressionError, Opaque, parse, rename_tensors, tensor_shapes
-from rewriter.lower import OPERATORS, Candidate, GemmMatch, Kernel, fuse, fusion_pairs, match_operator, run_gemm
+from rewriter.lower import (
+    OPERATORS,
+    Candidate,
+    GemmMatch,
+    Kernel,
+    fuse,
+    fusion_pairs,
+    match_operator,
+    multiply_adds,
+    run_gemm,
+)
 from rewriter.semantics import bound_constants, run_opaque
 
 from .band import band_call
@@ -316,6 +326,21 @@ def plan_buffers(steps: Sequence[Step], unplanned: set[str]) -> BufferPlan:
     return BufferPlan(slot, shapes, sizes)
 
 
+@dataclass(frozen=True)
+class ImplementationShare:
+    """A program's kernels of one implementation (``CompiledProgram.by_implementation``)."""
+
+    impl: str
+    kernels: int
+    seconds: float
+    multiply_adds: int
+
+    @property
+    def gflops(self) -> float:
+        """Their arithmetic rate, 2 flops a multiply-add (0 where they sum nothing)."""
+        return 2 * self.multiply_adds / self.seconds / 1e9 if self.seconds else 0.0
+
+
 @dataclass
 class CompiledProgram:
     """A candidate program compiled for this CPU: ``program(**inputs) -> np.ndarray``.
@@ -463,6 +488,26 @@ class CompiledProgram:
             )
             lines.append(f"{k.output}{list(k.expr.shape)} = {k.kind} [{step.impl}] ({reads}){strides}  {timed}")
         return "\n".join(lines)
+
+    def by_implementation(self, seconds: Sequence[float | None] | None = None) -> list[ImplementationShare]:
+        """The kernels that run per call grouped by implementation, most time first: how many,
+        their seconds summed (``seconds``, per step, else each step's recorded time) and their
+        summations' multiply-adds. Where the time lies bounds what orchestration can still
+        save: it fuses and orders generated kernels, and a library product at the rate of the
+        machine's best library leaves nothing to fuse away."""
+        seconds = [s.seconds for s in self.steps] if seconds is None else seconds
+        groups: dict[str, ImplementationShare] = {}
+        for step, taken in zip(self.steps, seconds):
+            if step.kernel.weight_only or step.kernel.output in self.constants or taken is None:
+                continue
+            group = groups.get(step.impl, ImplementationShare(step.impl, 0, 0.0, 0))
+            groups[step.impl] = ImplementationShare(
+                step.impl,
+                group.kernels + 1,
+                group.seconds + taken,
+                group.multiply_adds + multiply_adds(step.kernel.expr),
+            )
+        return sorted(groups.values(), key=lambda g: -g.seconds)
 
     def save(self, directory: str | Path) -> Path:
         """Write the program (kernel texts, libraries, bound weights) to ``directory``."""

@@ -245,6 +245,17 @@ def cmd_explain(args, console: Console) -> int:
     console.print(f"== {optimized.orchestration.describe()}", markup=False, highlight=False)
     console.print("== the stitched program, as it runs", markup=False, highlight=False)
     console.print(optimized.program.listing(), markup=False, highlight=False, soft_wrap=True)
+    console.print("== where its recorded time lies, by implementation", markup=False, highlight=False)
+    shares = optimized.program.by_implementation()
+    total = sum(share.seconds for share in shares)
+    for share in shares:
+        rate = f", {share.gflops:.0f} GFLOP/s" if share.multiply_adds else ""
+        console.print(
+            f"  {share.impl}: {share.kernels} kernels, {share.seconds * 1e3:.3f} ms"
+            f" ({share.seconds / total:.1%}){rate}",
+            markup=False,
+            highlight=False,
+        )
     return 0
 
 

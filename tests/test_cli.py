@@ -85,6 +85,9 @@ def test_optimize_a_zoo_model_then_run_and_explain_the_saved_program(tmp_path, c
     # the stitched kernels, the last writing the model's output (how many there are is measured:
     # orchestration may make one kernel of several primitives of the small model)
     assert "as it runs" in explained and "output[2, 1, 12, 12] =" in explained.split("as it runs")[1]
+    # its recorded time by implementation: shares of the whole, summing to it
+    shares = re.findall(r"^  (\w+): (\d+) kernels, (\S+) ms \((\S+)%\)", explained.split("by implementation")[1], re.M)
+    assert shares and sum(float(share) for *_, share in shares) == pytest.approx(100, abs=0.2)
     assert main(["compare", str(out), str(out), "--seconds", "1"]) == 0
     compared = capsys.readouterr().out
     median, low, high = map(

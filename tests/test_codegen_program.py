@@ -131,6 +131,27 @@ def test_matmul_reads_strided_operands_in_place_through_blas():
     _close(chosen(**inputs), inputs["A"] @ inputs["B"], 1e-5)
 
 
+def test_a_programs_time_is_grouped_by_implementation_with_its_products_multiply_adds():
+    product = instantiate(matmul((6, 5), (5, 4))).kernels[0]
+    # a softmax's sum and max over the product's rows: only the sum counts, each scope once
+    # however often it is read (the exponentials twice)
+    exps = "{ L i:6, j:4 ; exp(C[i, j] - { L i:6 ; M j:4 ; C[i, j] }[i]) }"
+    softmax = Kernel(
+        "eop", "out", parse(f"L i:6, j:4 ; {exps}[i, j] / {{ L i:6 ; S j:4 ; {exps}[i, j] }}[i]", {"C": (6, 4)})
+    )
+    steps = [
+        replace(_step(product, "blas", "float32"), seconds=2e-6),
+        replace(_step(softmax, "tvm", "float32"), seconds=1e-6),
+    ]
+    program = CompiledProgram(steps, {"A": (6, 5), "B": (5, 4)})
+    blas, tvm = program.by_implementation()
+    assert (blas.impl, blas.kernels, blas.seconds, blas.multiply_adds) == ("blas", 1, 2e-6, 6 * 4 * 5)
+    assert blas.gflops == pytest.approx(2 * 120 / 2e-6 / 1e9)
+    assert (tvm.impl, tvm.kernels, tvm.seconds, tvm.multiply_adds) == ("tvm", 1, 1e-6, 6 * 4)
+    (only,) = program.by_implementation([None, 5e-6])  # times given per step; None: not counted
+    assert (only.impl, only.seconds) == ("tvm", 5e-6)
+
+
 def test_weight_only_kernels_run_once_when_bound():
     expr = conv2d((1, 16, 6, 6), (16, 16, 3, 3), padding=1)  # OIHW: the GEMM form re-lays K out
     derivation = derive(expr, max_depth=3, backend="reference", weights=("K",))

@@ -14,7 +14,7 @@ Depends on ``rewriter.ir``, ``rewriter.index`` and ``rewriter.semantics``.
 
 from .fusion import absorbs, fuse, fusion_pairs, inner_product, is_view
 from .instantiate import instantiate, wants_operator
-from .kernels import Candidate, Kernel
+from .kernels import Candidate, Kernel, multiply_adds
 from .operators import (
     BATCH_MATMUL,
     CONV2D,
@@ -39,6 +39,7 @@ from .postprocess import mark_weight_only, postprocess
 from .tables import Filled, Group, IndexForm, IteratorTable, Read, Window, fill
 
 __all__ = [
+    "multiply_adds",
     "BATCH_MATMUL",
     "CONV2D",
     "G2BMM",

@@ -14,7 +14,17 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from rewriter.ir import Binary, Opaque, Scalar, Scope, Unary, nested_scopes, rename_tensors, tensor_shapes
+from rewriter.ir import (
+    Binary,
+    Opaque,
+    Scalar,
+    Scope,
+    Unary,
+    distinct_scopes,
+    nested_scopes,
+    rename_tensors,
+    tensor_shapes,
+)
 from rewriter.semantics import bound_constants, evaluate
 
 from .operators import GemmMatch, Operator, match_operator, run_gemm
@@ -84,6 +94,15 @@ def work(expr: Scope) -> int:
     """Scalar operations a scope computes, its nested scopes (each once, as a fused eOperator
     computes them) included."""
     return sum(math.prod(it.size for it in s.iterators) * op_count(s.body) for s in (expr, *nested_scopes(expr)))
+
+
+def multiply_adds(expr: Scope | Opaque) -> int:
+    """Points the kernel's summations visit (every scope that sums, nested ones once): a
+    product's multiply-adds, the count its arithmetic rate is measured in (2 flops each)."""
+    if isinstance(expr, Opaque):
+        return 0
+    summing = (s for s in distinct_scopes(expr) if s.summation and s.reduce == "sum")
+    return sum(math.prod(it.size for it in s.traversal + s.summation) for s in summing)
 
 
 def op_count(body: Scalar) -> int:
