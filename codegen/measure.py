@@ -27,7 +27,7 @@ import platform
 import sqlite3
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Mapping, Sequence, TypeVar
@@ -259,6 +259,9 @@ class Race:
     ratios: dict[str, tuple[float, float, float]]
     rounds: int
     confidence: float
+    # each one's time over the baseline's, round by round: what a later race of the same
+    # programs pools with its own (``codegen.orchestrate.faster_end_to_end``)
+    samples: dict[str, tuple[float, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def fastest(self) -> str:
@@ -325,6 +328,7 @@ def race_in_turns(
         {name: _ratios(samples, name, baseline, confidence) for name in names},
         len(samples[baseline]),
         confidence,
+        {name: _per_round(samples, name, baseline) for name in names},
     )
 
 
@@ -348,8 +352,12 @@ def balanced_orders(n: int) -> list[list[int]]:
     return rows if n % 2 == 0 or n == 1 else rows + [row[::-1] for row in rows]
 
 
+def _per_round(samples: dict[str, list[float]], name: str, baseline: str) -> tuple[float, ...]:
+    return tuple(a / b for a, b in zip(samples[name], samples[baseline]))
+
+
 def _ratios(samples: dict[str, list[float]], name: str, baseline: str, confidence: float):
-    return median_interval([a / b for a, b in zip(samples[name], samples[baseline])], confidence)
+    return median_interval(_per_round(samples, name, baseline), confidence)
 
 
 def _decided(interval: tuple[float, float, float], resolution: float) -> bool:

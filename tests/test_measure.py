@@ -158,6 +158,7 @@ def test_a_race_takes_turns_in_balanced_orders_and_stops_once_every_ratio_is_dec
     assert raced.ratios["base"] == (1.0, 1.0, 1.0)
     assert raced.ratios["fast"] == (1 / 3, 1 / 3, 1 / 3) and raced.ratios["slow"] == (2.0, 2.0, 2.0)
     assert raced.seconds == {"base": 3.0, "fast": 1.0, "slow": 6.0}
+    assert raced.samples["fast"] == (1 / 3,) * 12 and raced.samples["slow"] == (2.0,) * 12  # round by round
     timed = order[3:][1::2]  # after one call each to start; each timed call follows a warm one of its own
     assert order[3:][0::2] == timed
     rounds = [timed[k : k + 3] for k in range(0, len(timed), 3)]

@@ -377,10 +377,12 @@ def test_the_blp_plan_is_taken_into_the_greedy_one_where_whole_runs_say_so(tmp_p
     def race(programs, baseline):
         races.append([len(p.steps) for p in programs.values()])
         ratio = (0.9, 0.95, 0.99) if faster else (0.99, 1.0, 1.01)
-        return Race(baseline, {name: 1.0 for name in programs}, {"with": ratio}, 8, 0.95)
+        return Race(baseline, {name: 1.0 for name in programs}, {"with": ratio}, 8, 0.95, {"with": (ratio[1],) * 8})
 
     settled, plan = orchestrate_module.settled(program, blp, (program, Orchestration("greedy")), race, race)
     assert races == [[4, 2]]  # the greedy program, then the one with both layers fused
+    # the rounds of that race, which compared the result with the greedy program, where it took the group
+    assert plan.evidence == ({"greedy": (0.95,) * 8} if faster else {})
     ratio = [2, *((0.9, 0.95, 0.99) if faster else (0.99, 1.0, 1.01))]
     settling = {"regions": 2, "groups": 1, "raced": 1, "taken": 2 if faster else 0, "unmixable": 0, "ratios": [ratio]}
     assert plan.figures["settled_blp"] == {"against": "greedy"} | settling
@@ -440,7 +442,7 @@ def test_several_groups_of_changes_are_raced_all_at_once_first(whole_faster):
     def race(programs, baseline):
         asked.append([s.kernel.expr for s in programs["with"].steps])
         ratio = next(verdicts, (0.9, 0.95, 0.99) if len(asked) == 2 else (0.99, 1.0, 1.01))
-        return Race(baseline, {name: 1.0 for name in programs}, {"with": ratio}, 8, 0.95)
+        return Race(baseline, {name: 1.0 for name in programs}, {"with": ratio}, 8, 0.95, {"with": (len(asked),)})
 
     finer = []
 
@@ -448,9 +450,11 @@ def test_several_groups_of_changes_are_raced_all_at_once_first(whole_faster):
         finer.append(len(asked))
         return race(programs, baseline)
 
-    adopted, figures = orchestrate_module.adopted_where_faster(
+    adopted, figures, evidence = orchestrate_module.adopted_where_faster(
         program, groups, orchestrate_module._spliced, race, race_all
     )
+    # the rounds of the race that compared the program returned with the program as given
+    assert evidence == ((1,) if whole_faster else (2,))
     assert asked[0] == [a2.kernel.expr, b2.kernel.expr]  # both changes at once, first
     assert finer == [0]  # that race, and only that one, the finer one
     assert figures["whole"] == [2, *((0.9, 0.95, 0.99) if whole_faster else (0.99, 1.0, 1.01))]
@@ -647,6 +651,36 @@ def test_the_blp_plan_is_kept_where_its_whole_runs_are_surely_faster_than_the_gr
     )
     assert [(kept[m][0], kept[m][1].method) for m in kept] == [(program, "blp"), (same[0], "greedy")]
     assert "end_to_end_ms" not in kept["blp"][1].figures
+
+
+@pytest.mark.parametrize(
+    "last, kept",
+    [
+        ((0.99, 1.0, 1.01), "blp"),  # undecided alone, faster with the settling's rounds
+        ((1.01, 1.01, 1.01), "greedy"),  # its own race surely slower: not kept, whatever came before
+    ],
+)
+def test_the_end_to_end_race_pools_its_rounds_with_the_settlings_races_of_the_same_two(tmp_path, last, kept):
+    """The BLP's plan settled on the greedy one with races of the two as they stand (its
+    ``evidence``: 60 rounds at 0.99): the end-to-end race's own rounds (20, spread around 1 or
+    all above it) join them, and the pooled interval decides, unless that race alone puts the
+    plan surely slower. The figures say what was pooled."""
+    db = MeasurementDB(tmp_path / "m.sqlite")
+    program = _program(db)
+    other = replace(program, steps=[program.steps[0], program.steps[2], program.steps[1]], buffers={})
+    blp = (other, orchestrate_module.Orchestration("blp", evidence={"greedy": (0.99,) * 60}))
+    greedy = (program, orchestrate_module.Orchestration("greedy"))
+    own = (0.99, 1.0, 1.01) * 6 + (1.0, 1.0) if last[0] < 1 else (1.01,) * 20
+
+    def race(programs, baseline):
+        ratios = {"blp": last, "greedy": (1.0, 1.0, 1.0)}
+        return Race(baseline, {m: 0.001 for m in programs}, ratios, 20, 0.95, {"blp": own, "greedy": (1.0,) * 20})
+
+    plan = orchestrate_module.faster_end_to_end({"blp": blp, "greedy": greedy}, ("blp",), race=race)["blp"][1]
+    assert plan.method == kept
+    rounds, low, median, high = plan.figures["end_to_end_pooled"]["blp"]
+    assert rounds == 80 and high < 1 and median == 0.99
+    assert "blp pooled with its settling's races, 80 rounds: 0.990x" in plan.describe()
 
 
 def test_whole_runs_are_raced_on_zeros_each_against_the_baseline(tmp_path):
