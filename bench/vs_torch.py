@@ -178,6 +178,8 @@ def orchestration_columns(programs: dict, seconds: dict) -> dict:
         "end_to_end_ms": figures.get("end_to_end_ms"),
         "end_to_end_vs": figures.get("end_to_end_vs"),  # each plan's time over the greedy one's, round by round
         "end_to_end_rounds": figures.get("end_to_end_rounds"),
+        # a plan's end-to-end rounds pooled with its settling's races of the same two: rounds, low, median, high
+        "end_to_end_pooled": figures.get("end_to_end_pooled"),
         "layout": figures.get("layout", "as written"),  # NCHW tensors' channels in blocks, or as written
         "layouts_ms": figures.get("layouts_ms"),  # the stitched programs' whole runs, in turns
         "layouts_vs": figures.get("layouts_vs"),  # the blocked one's over the one as written, round by round

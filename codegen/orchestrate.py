@@ -553,8 +553,9 @@ def faster_end_to_end(
     """For each of ``methods``, of the orchestrated programs it may keep (``KEEPS``; ``plans``
     by name), the one whose whole runs measure faster than ``baseline``'s (``race``:
     ``race_whole`` with ``FINE_RACE``, the programs in turns, each against the baseline in the
-    same round), the
-    fastest such; the baseline where none does (it is the plan a program would otherwise have:
+    same round; for a plan settled on the baseline's with races of the two as they stand,
+    this race's rounds and those together, ``_pooled``, unless this race alone puts it surely
+    slower), the fastest such; the baseline where none does (it is the plan a program would otherwise have:
     a plan one cannot tell from it is not worth its risk). One race serves every method, so
     the BLP and the greedy method decide on the same rounds. Programs with the same kernels
     are one program, raced once. The plans' own figures sum kernels timed apart, which a
@@ -600,7 +601,7 @@ def _pooled(
     pooled = {}
     for name, (_, plan) in plans.items():
         earlier, own = plan.evidence.get(baseline, ()), raced.samples.get(alias[name], ())
-        if earlier and own and alias[name] != alias.get(baseline, baseline):
+        if baseline in alias and earlier and own and alias[name] != alias[baseline]:
             rounds = [*earlier, *own]
             pooled[name] = (len(rounds), *median_interval(rounds, raced.confidence))
     return pooled
