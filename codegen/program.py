@@ -496,9 +496,10 @@ class CompiledProgram:
         save: it fuses and orders generated kernels, and a library product at the rate of the
         machine's best library leaves nothing to fuse away."""
         seconds = [s.seconds for s in self.steps] if seconds is None else seconds
+        runs = {id(s) for s in self._timed()}
         groups: dict[str, ImplementationShare] = {}
         for step, taken in zip(self.steps, seconds):
-            if step.kernel.weight_only or step.kernel.output in self.constants or taken is None:
+            if id(step) not in runs or taken is None:
                 continue
             group = groups.get(step.impl, ImplementationShare(step.impl, 0, 0.0, 0))
             groups[step.impl] = ImplementationShare(

@@ -247,7 +247,7 @@ def cmd_explain(args, console: Console) -> int:
     console.print(optimized.program.listing(), markup=False, highlight=False, soft_wrap=True)
     console.print("== where its recorded time lies, by implementation", markup=False, highlight=False)
     shares = optimized.program.by_implementation()
-    total = sum(share.seconds for share in shares)
+    total = sum(share.seconds for share in shares) or 1.0  # no recorded time: no shares to speak of
     for share in shares:
         rate = f", {share.gflops:.0f} GFLOP/s" if share.multiply_adds else ""
         console.print(

@@ -39,7 +39,6 @@ from .postprocess import mark_weight_only, postprocess
 from .tables import Filled, Group, IndexForm, IteratorTable, Read, Window, fill
 
 __all__ = [
-    "multiply_adds",
     "BATCH_MATMUL",
     "CONV2D",
     "G2BMM",
@@ -71,6 +70,7 @@ __all__ = [
     "is_view",
     "mark_weight_only",
     "match_operator",
+    "multiply_adds",
     "point_flops",
     "postprocess",
     "operand_view",
