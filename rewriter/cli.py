@@ -242,7 +242,7 @@ def cmd_explain(args, console: Console) -> int:
     for sub in optimized.subprograms:
         console.print(f"== {sub.name} ({sub.state})", markup=False, highlight=False)
         console.print(sub.explain, markup=False, highlight=False, soft_wrap=True)
-    console.print(f"== {optimized.orchestration.describe()}", markup=False, highlight=False)
+    console.print(f"== {optimized.orchestration.describe()}", markup=False, highlight=False, soft_wrap=True)
     console.print("== the stitched program, as it runs", markup=False, highlight=False)
     console.print(optimized.program.listing(), markup=False, highlight=False, soft_wrap=True)
     console.print("== where its recorded time lies, by implementation", markup=False, highlight=False)

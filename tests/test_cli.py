@@ -82,6 +82,8 @@ def test_optimize_a_zoo_model_then_run_and_explain_the_saved_program(tmp_path, c
     assert "== relu1" in explained  # conv1 fused into its activation
     # the kernel orchestration's figures (the BLP's plan, or the greedy one where it ran faster whole)
     assert re.search(r"== orchestration: (blp|greedy|none)", explained) and "BLP:" in explained
+    # each figure on one line, however narrow the terminal (rich folds what is not soft-wrapped)
+    assert re.search(r"BLP: \d+ variables, \d+ constraints, .* gap ", explained)
     # the stitched kernels, the last writing the model's output (how many there are is measured:
     # orchestration may make one kernel of several primitives of the small model)
     assert "as it runs" in explained and "output[2, 1, 12, 12] =" in explained.split("as it runs")[1]
