@@ -23,6 +23,7 @@ computed more than once, and the figures (candidates, solver time, gap).
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import time
 import warnings
@@ -74,6 +75,7 @@ class SharedKernel:
     seconds: float
     apart_seconds: float  # its primitives each as a kernel of its own
     widths: tuple[tuple[str, str, str], ...] = ()  # (producer, consumer, dependence width) inside it
+    form: str = ""  # its digest up to tensor names (``_form_digest``): alike kernels share it
 
 
 @dataclass
@@ -89,7 +91,8 @@ class Orchestration:
     evidence: dict[str, tuple[float, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def describe(self) -> str:
-        """The plan in a few lines: figures, each shared kernel, each recomputed primitive."""
+        """The plan in a few lines: figures, each shared kernel (alike ones once, the others by
+        their outputs), each recomputed primitive."""
         f = self.figures
         lines = [f"orchestration: {self.method}"]
         if "primitives" in f:
@@ -134,12 +137,14 @@ class Orchestration:
             lines.append(f"  whole runs, {describe_race(f, 'end_to_end')}{pooled}; kept {kept}")
         if "layouts_ms" in f:
             lines.append(f"  layouts, whole runs {describe_race(f, 'layouts')}; kept {f['layout']}")
-        for k in self.shared:
+        for k, *alike in _alike(self.shared):
             edges = "; ".join(f"{p} -{w}-> {c}" for p, c, w in k.widths)
             lines.append(
                 f"  {k.output} computes {', '.join(k.primitives)}: "
                 f"{k.apart_seconds * 1e3:.3f} ms apart -> {k.seconds * 1e3:.3f} ms" + (f" ({edges})" if edges else "")
             )
+            if alike:
+                lines.append(f"    and {len(alike)} more alike: {', '.join(a.output for a in alike)}")
         for name, times in self.recomputed.items():
             lines.append(f"  {name} is computed by {times} kernels")
         return "\n".join(lines)
@@ -461,6 +466,21 @@ def _plan_report(graph: Primitives, chosen: list[Choice], choices: list[Choice],
             shared.append(SharedKernel(outputs[-1], outputs, choice.seconds, apart, widths[choice.members]))
     recomputed = {name: n for name, n in computed.items() if n > 1}
     return Orchestration("blp", shared, recomputed, figures)
+
+
+def _alike(shared: Sequence[SharedKernel]) -> list[list[SharedKernel]]:
+    """``shared`` in groups of kernels alike up to tensor names (a repeated layer's, twelve times
+    in BERT-base), in order of each group's first kernel; a kernel with no form is alone."""
+    groups: dict[str, list[SharedKernel]] = {}
+    for k in shared:
+        groups.setdefault(k.form or f"\0{id(k)}", []).append(k)
+    return list(groups.values())
+
+
+def _form_digest(kernel: Kernel) -> str:
+    """A short digest of ``kernel``'s form (``_canonical``): equal for kernels equal up to tensor
+    names, and the same in every process (it is saved with the plan)."""
+    return hashlib.sha256(repr(_canonical(kernel)[1]).encode()).hexdigest()[:16]
 
 
 def _names(kernel: Kernel) -> dict[str, str]:
@@ -790,7 +810,8 @@ def _regions(steps: list[Step], members: dict[int, tuple[str, ...]]) -> list[lis
 
 def _program_report(program: CompiledProgram, members, *plans_and_figures) -> Orchestration:
     """The settled program's orchestration: the shared kernels it runs (from whichever plan
-    each came), the primitives it computes more than once, and ``figures``."""
+    each came, each with its form, so ``describe`` prints alike ones once), the primitives it
+    computes more than once, and ``figures``."""
     *plans, figures = plans_and_figures
     shared = {k.output: k for plan in reversed(plans) for k in plan.shared}
     computed: dict[str, int] = {}
@@ -800,7 +821,7 @@ def _program_report(program: CompiledProgram, members, *plans_and_figures) -> Or
         for name in names:
             computed[name] = computed.get(name, 0) + 1
         if len(names) > 1 and step.kernel.output in shared:
-            kept.append(shared[step.kernel.output])
+            kept.append(replace(shared[step.kernel.output], form=_form_digest(step.kernel)))
     return Orchestration(plans[0].method, kept, {n: c for n, c in computed.items() if c > 1}, figures)
 
 

@@ -16,7 +16,7 @@ import codegen.orchestrate as orchestrate_module
 import codegen.program as program_module
 from codegen.backend import CpuBackend
 from codegen.measure import MeasurementDB, Race, Timing
-from codegen.orchestrate import Orchestration, orchestrate
+from codegen.orchestrate import Orchestration, SharedKernel, orchestrate
 from codegen.program import (
     WHOLE_RACE_ROUNDS,
     CompiledProgram,
@@ -800,3 +800,23 @@ def test_a_subprogram_that_runs_slower_than_its_runner_up_where_the_program_runs
     assert races == ([["without", "with"]] if slow == "derived" else [])  # raced whole only where it won in place
     x = np.random.default_rng(0).uniform(-1, 1, n).astype(np.float32)
     np.testing.assert_allclose(raced(X=x), np.exp(x) * 2 * w + 1, rtol=1e-5)
+
+
+def test_describe_prints_kernels_alike_up_to_tensor_names_once():
+    """A repeated layer's fused kernels (twelve in BERT-base) are one line and their outputs:
+    alike by the digest of their form, which equal kernels over other tensors share."""
+    shapes = {name: (4,) for name in "XYUV"}
+    kernels = [
+        Kernel("eop", "A2", parse("L i:4 ; exp(X[i]) + Y[i]", shapes)),
+        Kernel("eop", "B2", parse("L i:4 ; exp(U[i]) + V[i]", shapes)),
+        Kernel("eop", "C2", parse("L i:4 ; exp(U[i]) * V[i]", shapes)),
+    ]
+    forms = [orchestrate_module._form_digest(k) for k in kernels]
+    assert forms[0] == forms[1] != forms[2]
+    shared = [SharedKernel(k.output, ("P", k.output), 1e-3, 2e-3, form=f) for k, f in zip(kernels, forms)]
+    text = Orchestration("blp", shared).describe()
+    assert "A2 computes P, A2" in text and "and 1 more alike: B2" in text and "B2 computes" not in text
+    assert "C2 computes P, C2" in text and "more alike: C2" not in text
+    # a plan saved before forms were recorded prints each kernel
+    assert "B2 computes" in Orchestration("blp", [replace(k, form="") for k in shared]).describe()
+    assert Orchestration.from_json(Orchestration("blp", shared).to_json()).describe() == text
