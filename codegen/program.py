@@ -363,6 +363,7 @@ class CompiledProgram:
     _dispatches: dict[tuple, _Dispatch] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self.inputs = {name: tuple(shape) for name, shape in self.inputs.items()}
         reads = set().union(*(tensor_shapes(s.kernel.expr) for s in self.steps))
         tables = bound_constants(reads - set(self.constants))  # a rule's constant tables bind themselves
         if tables:
@@ -390,35 +391,54 @@ class CompiledProgram:
         return self.run(inputs)[self.output]
 
     def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] = ()) -> dict[str, np.ndarray]:
-        """The inputs, constants and outputs after one run on ``inputs``: the last kernel's output
-        and ``outputs``, each a new array. Intermediates stay in the planned buffers."""
-        missing = sorted(set(self.inputs) - set(inputs) - set(self.constants))
-        if missing:
-            raise ExpressionError(f"missing input tensor(s): {', '.join(missing)}")
-        overridden = set(inputs) & set(self.constants)
-        if overridden:  # the laid-out weights and weight-only kernels' outputs came from the constants
-            kept = {n: v for n, v in self.constants.items() if n in self.inputs and n not in overridden}
+        """The inputs and outputs of one run on ``inputs``: the last kernel's output and
+        ``outputs``, each a new array. Intermediates stay in the planned buffers.
+
+        Each line here runs every call, after kernels that have flushed Python's own code and
+        data from the caches: MobileNetV2's checks and bindings took 19 us a run warm and about
+        100 in place (DESIGN.md, "Measuring"), so inputs as the kernels take them
+        pass one test each."""
+        if any(name in self.constants for name in inputs):  # laid-out weights and weight-only outputs came from them
+            kept = {n: v for n, v in self.constants.items() if n in self.inputs and n not in inputs}
             return self.rebound(kept).run(inputs, outputs)
-        given = {}
+        given, missing = {}, []
         for name, shape in self.inputs.items():
-            if name in inputs:
-                if np.shape(inputs[name]) != tuple(shape):
-                    raise ExpressionError(
-                        f"input {name} has shape {np.shape(inputs[name])}, the program expects {tuple(shape)}"
-                    )
-                given[name] = _aligned(inputs[name], self.dtype)
+            value = inputs.get(name)
+            if value is None:
+                if name not in self.constants:
+                    missing.append(name)
+            elif (
+                type(value) is np.ndarray and value.shape == shape and value.dtype == self._dtype and is_aligned(value)
+            ):
+                given[name] = value
+            else:
+                given[name] = self._converted(name, value)
+        if missing:
+            raise ExpressionError(f"missing input tensor(s): {', '.join(sorted(missing))}")
         fresh = (self.output, *outputs)
-        if fresh not in self._dispatches:
-            self._dispatches[fresh] = self._dispatch(fresh)
-        per_run = {n: given[n] if n in given else self.constants[n] for n in self.inputs}
-        made = self._dispatches[fresh].run(per_run)
-        return {**self.constants, **self.prepared, **given, **made}
+        dispatch = self._dispatches.get(fresh)
+        if dispatch is None:
+            dispatch = self._dispatches[fresh] = self._dispatch(fresh)
+        return {**given, **dispatch.run(given)}
+
+    def _converted(self, name: str, value) -> np.ndarray:
+        """``value`` as the kernels take input ``name``: checked for its shape, in the program's
+        dtype, C-contiguous and aligned (a copy where it is not)."""
+        shape = np.shape(value)
+        if shape != self.inputs[name]:
+            raise ExpressionError(f"input {name} has shape {shape}, the program expects {self.inputs[name]}")
+        return _aligned(value, self.dtype)
+
+    @functools.cached_property
+    def _dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
 
     def _dispatch(self, fresh: tuple[str, ...], sinks: Sequence[list[float] | None] | None = None) -> _Dispatch:
         """The steps' calls bound to their buffers for runs that return ``fresh`` new arrays
         (``sinks``: per step, where its seconds go each run; ``_Dispatch``)."""
         plan = plan_buffers(self.steps, set(fresh) | set(self.constants))
-        dispatch = _Dispatch({**self.constants, **self.prepared}, self.inputs, self.dtype, sinks)
+        per_run = [n for n in self.inputs if n not in self.constants]
+        dispatch = _Dispatch({**self.constants, **self.prepared}, per_run, self.dtype, sinks)
         for index, step in enumerate(self.steps):
             if step.kernel.output not in self.constants:
                 name = step.kernel.output
@@ -788,8 +808,7 @@ def _watched(program: CompiledProgram, per_step: Sequence[list[float] | None], b
     trial = CompiledProgram(program.steps, program.inputs, program.dtype, constants=program.constants, buffers=buffers)
     trial.prepared = program.prepared
     dispatch = trial._dispatch((trial.output,), per_step)
-    zeros = _zero_inputs(program)
-    return functools.partial(dispatch.run, {n: zeros[n] if n in zeros else trial.constants[n] for n in trial.inputs})
+    return functools.partial(dispatch.run, _zero_inputs(program))
 
 
 def _zero_inputs(program: CompiledProgram) -> dict[str, np.ndarray]:

@@ -26,7 +26,7 @@ from codegen.program import (
 from codegen.tvm_kernel import native_lanes, panel_width
 from rewriter import conv2d, derive, evaluate, matmul, parse
 from rewriter.cases import CASES
-from rewriter.ir import accesses, constants_among, index_vars, tensor_shapes
+from rewriter.ir import ExpressionError, accesses, constants_among, index_vars, tensor_shapes
 from rewriter.lower import Candidate, Kernel, instantiate, postprocess
 from rewriter.testing import random_inputs
 
@@ -944,6 +944,30 @@ def test_a_program_bound_again_after_a_run_reads_the_new_weights(impl):
     _close(program.bind({"B": b})(A=a), a @ b)
     _close(program.bind({"B": 2 * b})(A=a), 2 * a @ b)
     _close(program.run({"A": a, "B": 3 * b})["out"], 3 * a @ b)  # an input given beats the constant
+
+
+def test_a_run_takes_inputs_as_given_and_names_what_is_wrong_with_them():
+    """``run`` tests an input once where the kernels can take it as it is, and converts any
+    other (a list, float64, an array numpy aligned to 16 bytes only); its result holds the
+    inputs and outputs, not the bound weights. A missing input or one of the wrong shape is
+    named, not a failure inside a kernel."""
+    (kernel,) = postprocess(instantiate(matmul((8, 16), (16, 4))), weights=("B",)).kernels
+    program = CompiledProgram([_step(kernel, "tvm", "float32")], {"A": [8, 16], "B": [16, 4]})
+    rng = np.random.default_rng(0)
+    a, b = rng.uniform(-1, 1, (8, 16)), rng.uniform(-1, 1, (16, 4))
+    program.bind({"B": b})
+    raw = np.empty(8 * 16 + 16, np.float32)
+    offset = next(i for i in range(16) if raw[i:].ctypes.data % 64)
+    misaligned = raw[offset : offset + 128].reshape(8, 16)
+    misaligned[...] = a
+    for value in (a.astype(np.float32), a, a.tolist(), misaligned):
+        values = program.run({"A": value})
+        assert set(values) == {"A", "out"}
+        _close(values["out"], a @ b, 1e-5)
+    with pytest.raises(ExpressionError, match=r"missing input tensor\(s\): A"):
+        program.run({})
+    with pytest.raises(ExpressionError, match=r"input A has shape \(16, 8\), the program expects \(8, 16\)"):
+        program.run({"A": a.T})
 
 
 def test_kernels_laying_one_weight_out_differently_each_read_their_own_layout():
