@@ -1936,23 +1936,28 @@ def viewed(args, views) -> list:
 _ALIGNMENT = 64
 
 
-def address(array: np.ndarray) -> int:
-    """The address of ``array``'s first element, through the buffer protocol in C where the array
-    is writable, C-contiguous and not empty. numpy's ``array.ctypes.data`` runs Python code that
-    a model's kernels have flushed from the caches by the time a run binds its arrays: 37 us a
-    call there against 10 this way (MobileNetV2 on a Zen 3; 1.6 and 0.5 us warm)."""
+def _buffer_address(array: np.ndarray) -> int | None:
+    """The address of a writable, C-contiguous, non-empty ``array`` through the buffer protocol
+    in C; None for any other."""
     try:
         return ctypes.addressof(ctypes.c_char.from_buffer(array))
     except (TypeError, ValueError):  # read-only, not C-contiguous, or empty
-        return array.ctypes.data
+        return None
+
+
+def address(array: np.ndarray) -> int:
+    """The address of ``array``'s first element, in C where the buffer protocol gives it.
+    numpy's ``array.ctypes.data`` runs Python code that a model's kernels have flushed from the
+    caches by the time a run binds its arrays: 37 us a call there against 10 this way
+    (MobileNetV2 on a Zen 3; 1.6 and 0.5 us warm)."""
+    found = _buffer_address(array)
+    return array.ctypes.data if found is None else found
 
 
 def bindable(array: np.ndarray) -> bool:
     """Writable, C-contiguous and aligned: as a kernel takes it, with no copy."""
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(array)) % _ALIGNMENT == 0
-    except (TypeError, ValueError):
-        return False
+    found = _buffer_address(array)
+    return found is not None and found % _ALIGNMENT == 0
 
 
 def is_aligned(array: np.ndarray) -> bool:
