@@ -605,6 +605,30 @@ def test_a_weight_given_in_panels_along_the_lanes_is_read_from_them():
         compile_scope(shifted, dtype="float32", schedule=Schedule(panels=(("B", 0, 8),)))
 
 
+def test_a_tile_prefetches_its_panels_ahead_only_where_it_stays_in_registers():
+    """A product in panels with its bias and ReLU sums into a tile on the stack: its summation
+    loop prefetches the vectors it reads from the panels ``Schedule.prefetch`` steps ahead, and
+    computes what it did without them. The product alone sums
+    into its output in place: there a prefetch would keep LLVM from holding the sums in
+    registers, and none is made. (``prefetch=0``: none either way.)"""
+    shapes = {"A": (16, 32), "W": (32, 64), "B": (64,)}
+    fused = parse("L i:16, j:64 ; relu({L i:16, j:64 ; S k:32 ; A[i, k] * W[k, j]}[i, j] + B[j])", shapes)
+    alone = parse("L i:16, j:64 ; S k:32 ; A[i, k] * W[k, j]", shapes)
+    width = panel_width()
+    inputs = random_inputs(fused, 4)
+    given = {n: aligned_copy(v, "float32") for n, v in inputs.items()}
+    given["W"] = panel_layout(inputs["W"], 1, "float32", width)
+    target = host_target()
+    for expr, prefetches in ((fused, True), (alone, False)):
+        for steps in (16, 0):
+            schedule = Schedule(panels=(("W", 1, width),), prefetch=steps)
+            source = tvm_kernel._compile(expr, "float32", schedule, target).mod.inspect_source("ll")
+            assert ("call void @llvm.prefetch" in source) == (prefetches and steps > 0)
+            out = aligned_empty(expr.shape, "float32")
+            compile_scope(expr, dtype="float32", schedule=schedule).run(given, out)
+            np.testing.assert_allclose(out, evaluate(expr, inputs), rtol=1e-5, atol=1e-5)
+
+
 def test_a_read_whose_bounds_tvm_multiplies_past_int32_compiles_with_int64_indices():
     """Found by the property test: B's last index steps by a million, its bounds a few elements
     wide; TVM's own arithmetic on the int32 guards overflowed while compiling."""
