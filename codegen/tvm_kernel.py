@@ -1891,7 +1891,7 @@ def _loop_prefetching(stmt, panels: frozenset[str], steps: int):
         return stmt
     analyzer = importlib.import_module("tvm.sym.analyzer").Analyzer()
     linear = importlib.import_module("tvm.sym.pattern").detect_linear_equation
-    ahead: dict[str, object] = {}  # the rest of each read's index (its place in a step) -> its prefetch
+    ahead: set[str] = set()  # the rest of each prefetched read's index: its place in a step
     body = []
     for s in flat:
         if isinstance(s, tirx.Bind):
@@ -1900,11 +1900,10 @@ def _loop_prefetching(stmt, panels: frozenset[str], steps: int):
             base = load.indices[0].base
             form = linear(analyzer.simplify(base), [stmt.loop_var])  # [step, rest], or [] where not affine
             if len(form) == 2 and isinstance(form[0], tirx.IntImm) and int(form[0]) and str(form[1]) not in ahead:
+                ahead.add(str(form[1]))
                 address = tirx.address_of(tirx.BufferLoad(load.source, [base + steps * int(form[0])]))
-                ahead[str(form[1])] = prefetch = tirx.Evaluate(
-                    tirx.call_intrin("void", "tirx.prefetch", address, 0, 3, 1)
-                )
-                body.append(prefetch)  # (read, locality 3: keep in every level, data cache)
+                # read, locality 3 (keep in every level), data cache
+                body.append(tirx.Evaluate(tirx.call_intrin("void", "tirx.prefetch", address, 0, 3, 1)))
         body.append(s)
     return _with_body(stmt, tirx.SeqStmt(body)) if ahead else stmt
 

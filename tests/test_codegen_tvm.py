@@ -608,9 +608,9 @@ def test_a_weight_given_in_panels_along_the_lanes_is_read_from_them():
 def test_a_tile_prefetches_its_panels_ahead_only_where_it_stays_in_registers():
     """A product in panels with its bias and ReLU sums into a tile on the stack: its summation
     loop prefetches the vectors it reads from the panels ``Schedule.prefetch`` steps ahead, and
-    computes what it did without them. The product alone sums
-    into its output in place: there a prefetch would keep LLVM from holding the sums in
-    registers, and none is made. (``prefetch=0``: none either way.)"""
+    computes what it did without them. The product alone sums into its output in place: there
+    a prefetch would keep LLVM from holding the sums in registers, and none is made.
+    (``prefetch=0``: none either way.)"""
     shapes = {"A": (16, 32), "W": (32, 64), "B": (64,)}
     fused = parse("L i:16, j:64 ; relu({L i:16, j:64 ; S k:32 ; A[i, k] * W[k, j]}[i, j] + B[j])", shapes)
     alone = parse("L i:16, j:64 ; S k:32 ; A[i, k] * W[k, j]", shapes)
